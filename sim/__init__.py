@@ -1,0 +1,14 @@
+"""Predict what speculative decoding buys a deployment: a SimPy model of the serving pipeline.
+
+    >>> import sim
+    >>> result = sim.simulate("scenarios/eagle-h100.yaml")
+    >>> result.speedup
+
+sim never imports torch: it must start fast on machines with no GPU stack.
+"""
+from sim.errors import ScenarioError
+from sim.result import Result
+from sim.scenario import Scenario, load_scenario
+from sim.simulate import simulate
+
+__all__ = ["Result", "Scenario", "ScenarioError", "load_scenario", "simulate"]

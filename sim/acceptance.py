@@ -1,0 +1,195 @@
+"""Acceptance models: how many drafted tokens each verification keeps.
+
+Every model answers one vectorized question: for these running requests (global ids, steps taken so
+far, current context), how many drafts does this step accept (0 .. depth)? The committed tokens are
+that plus one (the target's bonus or corrected token). Forms:
+
+- constant tokens_per_step: deterministic; after s steps a request has committed round(s x tps)
+  tokens, so the mean is reproduced to within half a token per request.
+- rate: i.i.d. per-token acceptance a, truncated geometric: P(accepted >= j) = a^j.
+- per_position: conditional rates r_1..r_depth: P(accepted >= j) = r_1 ... r_j.
+- request_spread: each request draws its own rate from a Beta with the given mean and std.
+- context_slope: the rate moves by this much per doubling of context beyond 1,024 tokens.
+- trace: replay per-step accepted counts from a file, one recorded request per simulated request.
+
+For a tree, "position" means depth: the rate that the accepted path extends one level deeper.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from sim.errors import ScenarioError
+from sim.scenario import Acceptance, Disagreement, Scenario
+
+CONTEXT_REFERENCE_TOKENS = 1024
+MAX_RATE = 0.999
+
+
+class AcceptanceModel:
+    depth: int
+
+    def draw(self, rids: np.ndarray, steps: np.ndarray, context: np.ndarray) -> np.ndarray:
+        """Accepted drafts per request for one step: int array [n] in [0, depth]."""
+        raise NotImplementedError
+
+    def mean_tokens_per_step(self) -> float | None:
+        """Expected committed tokens per step where the model has a closed form, else None."""
+        return None
+
+
+class ConstantAcceptance(AcceptanceModel):
+    def __init__(self, tokens_per_step: float, depth: int):
+        self.depth = depth
+        self.accepted_per_step = tokens_per_step - 1.0
+
+    def draw(self, rids, steps, context):
+        # After s steps a request has accepted round(s * m) drafts: never more than half a token
+        # from the exact mean, and never more than ceil(m) <= depth in one step.
+        m = self.accepted_per_step
+        return (np.floor((steps + 1) * m + 0.5) - np.floor(steps * m + 0.5)).astype(np.int64)
+
+    def mean_tokens_per_step(self) -> float:
+        return self.accepted_per_step + 1.0
+
+
+class GeometricAcceptance(AcceptanceModel):
+    """i.i.d. acceptance with one rate for all: draws come from a pre-drawn pool (the hot path)."""
+    POOL = 1 << 16
+
+    def __init__(self, rate: float, depth: int, rng: np.random.Generator):
+        self.depth = depth
+        self.rate = rate
+        self.rng = rng
+        self._pool = np.empty(0, dtype=np.int64)
+        self._next = 0
+
+    def _refill(self, need: int) -> None:
+        u = 1.0 - self.rng.random(max(self.POOL, need))   # (0, 1]
+        if self.rate <= 0.0:
+            pool = np.zeros(len(u), dtype=np.int64)
+        else:
+            pool = np.minimum(np.floor(np.log(u) / np.log(self.rate)), self.depth).astype(np.int64)
+        self._pool = np.concatenate([self._pool[self._next:], pool])
+        self._next = 0
+
+    def draw(self, rids, steps, context):
+        n = len(rids)
+        if self._next + n > len(self._pool):
+            self._refill(n)
+        out = self._pool[self._next:self._next + n]
+        self._next += n
+        return out
+
+    def mean_tokens_per_step(self) -> float:
+        a, k = self.rate, self.depth
+        return (1 - a ** (k + 1)) / (1 - a)
+
+
+class SurvivalAcceptance(AcceptanceModel):
+    """Per-position rates with per-request spread and context dependence (the general form)."""
+
+    def __init__(self, rates: list[float], depth: int, request_spread: float, context_slope: float,
+                 requests: int, rng: np.random.Generator):
+        self.depth = depth
+        self.rates = np.asarray(rates[:depth], dtype=float)
+        self.context_slope = context_slope
+        self.rng = rng
+        mean = float(self.rates.mean())
+        if request_spread > 0:
+            # Beta with the rates' mean and the given std; each request shifts every position by it.
+            nu = mean * (1 - mean) / request_spread ** 2 - 1
+            per_request = rng.beta(mean * nu, (1 - mean) * nu, requests)
+            self.shift = per_request - mean
+        else:
+            self.shift = np.zeros(requests)
+
+    def rates_for(self, rids: np.ndarray, context: np.ndarray) -> np.ndarray:
+        """[n, depth] conditional acceptance rates for these requests at their current context."""
+        shift = self.shift[rids]
+        if self.context_slope:
+            doublings = np.log2(np.maximum(context, CONTEXT_REFERENCE_TOKENS) / CONTEXT_REFERENCE_TOKENS)
+            shift = shift + self.context_slope * doublings
+        return np.clip(self.rates[None, :] + shift[:, None], 0.0, MAX_RATE)
+
+    def draw(self, rids, steps, context):
+        survival = np.cumprod(self.rates_for(rids, context), axis=1)   # P(accepted >= j), j = 1..depth
+        u = self.rng.random(len(rids))
+        return (survival > u[:, None]).sum(axis=1)
+
+    def mean_tokens_per_step(self) -> float | None:
+        if self.context_slope or self.shift.any():
+            return None
+        return 1.0 + float(np.cumprod(self.rates).sum())
+
+
+class TraceAcceptance(AcceptanceModel):
+    """Replays recorded accepted counts; simulated request i follows recorded request perm[i]."""
+
+    def __init__(self, path: Path, depth: int, requests: int, rng: np.random.Generator):
+        self.depth = depth
+        sequences = read_acceptance_trace(path)
+        lengths = np.array([len(s) for s in sequences])
+        self.offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        self.lengths = lengths
+        self.flat = np.minimum(np.concatenate(sequences), depth)
+        self.assigned = rng.permutation(np.resize(np.arange(len(sequences)), requests))
+
+    def draw(self, rids, steps, context):
+        trace = self.assigned[rids]
+        return self.flat[self.offsets[trace] + steps % self.lengths[trace]]
+
+    def mean_tokens_per_step(self) -> float:
+        return 1.0 + float(self.flat.mean())
+
+
+def read_acceptance_trace(path: Path) -> list[np.ndarray]:
+    """Per-request sequences of accepted drafts from CSV/Parquet/JSONL with an `accepted` column.
+
+    An optional `request` column groups rows by request (in file order); steps.parquet from
+    `profiler live` also has `mode`, and only its verification rows are kept.
+    """
+    import pandas as pd
+
+    field = "speculation.acceptance.trace"
+    try:
+        suffix = path.suffix.lower()
+        frame = (pd.read_parquet(path) if suffix == ".parquet"
+                 else pd.read_json(path, lines=True) if suffix in (".jsonl", ".json") else pd.read_csv(path))
+    except Exception as exc:
+        raise ScenarioError(field, f"cannot read {path}: {exc.__class__.__name__}") from None
+    if "accepted" not in frame.columns:
+        raise ScenarioError(field, f"{path} lacks column accepted")
+    if "mode" in frame.columns:
+        frame = frame[frame["mode"].isin(["verify", "partial", "full"])]
+    if frame.empty:
+        raise ScenarioError(field, f"{path} has no verification rows")
+    accepted = frame["accepted"].to_numpy()
+    if (accepted < 0).any():
+        raise ScenarioError(field, f"{path} has a negative accepted count")
+    if "request" not in frame.columns:
+        return [accepted.astype(np.int64)]
+    return [group["accepted"].to_numpy(np.int64) for _, group in frame.groupby("request", sort=False)]
+
+
+def build_acceptance(scenario: Scenario, requests: int, rng: np.random.Generator) -> AcceptanceModel:
+    spec = scenario.speculation
+    a: Acceptance = spec.acceptance
+    depth = spec.draft_depth
+    if a.tokens_per_step is not None:
+        return ConstantAcceptance(a.tokens_per_step, depth)
+    if a.trace is not None:
+        return TraceAcceptance(a.trace, depth, requests, rng)
+    if a.rate is not None and not a.request_spread and not a.context_slope:
+        return GeometricAcceptance(a.rate, depth, rng)
+    rates = a.per_position if a.per_position is not None else [a.rate] * depth
+    return SurvivalAcceptance(rates, depth, a.request_spread, a.context_slope, requests, rng)
+
+
+def disagreement_probability(d: Disagreement, budget_tokens: int, static_tokens: int,
+                             context: np.ndarray) -> np.ndarray:
+    """SpecPV: chance that a token accepted under partial attention differs from full attention."""
+    p = (d.per_token * (d.at_budget / budget_tokens) ** d.budget_exponent
+         * (np.maximum(context, 1) / d.at_context) ** d.context_exponent)
+    return np.where(context > static_tokens, np.minimum(p, 1.0), 0.0)

@@ -1,0 +1,109 @@
+"""Device memory: which weights stay resident, what streams from the host, how much KV fits.
+
+The plan is made per configuration, so the no-speculation baseline (no draft weights, no draft KV)
+may keep more target layers resident than the speculative run on the same card (SubSpec's setting).
+Budget = device memory x scheduler.kv_memory_fraction (vLLM's gpu_memory_utilization), per GPU.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sim.cost.stack import Stacks
+from sim.errors import ScenarioError
+from sim.scenario import Scenario
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    budget_bytes: float
+    fixed_bytes: float             # embeddings, LM head, draft weights, activation workspace
+    resident_layers: int
+    offloaded_layers: int
+    layer_bytes: float             # one target decoder layer, this GPU's shard
+    kv_bytes_per_token: float      # target + draft KV of one token, this GPU's shard
+    partial_cache_tokens: int      # SpecPV: extra tokens of partial cache held per request
+    kv_capacity_tokens: int        # KV tokens the scheduler may hold (device, or host with kv offload)
+
+    @property
+    def weight_bytes_resident(self) -> float:
+        return self.fixed_bytes + self.resident_layers * self.layer_bytes
+
+
+def plan_memory(scenario: Scenario, stacks: Stacks, max_request_tokens: int, concurrency_hint: int) -> MemoryPlan:
+    """Place the weights and size the KV cache for one configuration of a scenario.
+
+    max_request_tokens: the longest request's prompt + output (+ one verification's tokens).
+    concurrency_hint: how many requests run at once in this workload; `offload.weights: auto` keeps
+    resident as many layers as fit beside that many of the longest requests' KV.
+    """
+    model = scenario.model_spec
+    tp = scenario.tensor_parallel
+    ab = scenario.dtype_bytes
+    spec = scenario.speculation
+    budget = scenario.hardware_spec.memory_gb * GB * scenario.scheduler.kv_memory_fraction
+
+    layer_bytes = stacks.target.layer_weight_bytes() / tp
+    embeddings = model.embedding_params * ab / tp
+    draft_weights = stacks.draft_weights_resident_bytes / tp
+    workspace = _workspace_bytes(scenario, min(concurrency_hint, scenario.scheduler.max_batch))
+    fixed = embeddings + draft_weights + workspace
+
+    kv_per_token = model.kv_bytes_per_token(ab) / tp
+    if stacks.draft_owns_kv:
+        d = stacks.draft
+        kv_per_token += 2 * d.layers * d.kv_heads * d.head_dim * ab / tp
+    partial_tokens = 0
+    if spec.partial_verify is not None:
+        pv = spec.partial_verify
+        buffer = pv.period + spec.max_tokens_per_step if pv.period_unit == "tokens" \
+            else pv.period * spec.max_tokens_per_step
+        partial_tokens = pv.static_tokens + buffer + spec.verify_tokens
+    one_request_bytes = (max_request_tokens + partial_tokens) * kv_per_token
+
+    offloaded = _offloaded_layers(scenario, budget, fixed, layer_bytes,
+                                  concurrency_hint * one_request_bytes, model.layers)
+    resident = model.layers - offloaded
+    free_device = budget - fixed - resident * layer_bytes
+    if scenario.offload.kv:
+        host_free = scenario.hardware_spec.host_memory_gb * GB - offloaded * layer_bytes * tp
+        kv_capacity = host_free / kv_per_token
+        device_needed = partial_tokens * kv_per_token
+    else:
+        kv_capacity = free_device / kv_per_token
+        device_needed = one_request_bytes
+    if free_device < device_needed or kv_capacity < max_request_tokens + partial_tokens:
+        raise ScenarioError(
+            "hardware.memory_gb",
+            f"{scenario.hardware_spec.memory_gb:g} GB x {scenario.scheduler.kv_memory_fraction:g} cannot hold "
+            f"{fixed / GB:.2f} GB of embeddings, draft and workspace plus {resident} resident layers "
+            f"plus one request's KV ({one_request_bytes / GB:.2f} GB)")
+    return MemoryPlan(budget, fixed, resident, offloaded, layer_bytes, kv_per_token, partial_tokens,
+                      int(kv_capacity))
+
+
+def _offloaded_layers(scenario: Scenario, budget: float, fixed: float, layer_bytes: float,
+                      kv_reserve: float, layers: int) -> int:
+    weights = scenario.offload.weights
+    if isinstance(weights, dict):
+        if weights["layers"] > layers:
+            raise ScenarioError("offload.weights.layers", f"{weights['layers']} exceeds the model's {layers} layers")
+        return weights["layers"]
+    if isinstance(weights, float | int) and not isinstance(weights, bool):
+        return round(weights * layers)
+    kv_on_device = 0.0 if scenario.offload.kv else kv_reserve
+    fit = math.floor(max(0.0, budget - fixed - kv_on_device) / layer_bytes)
+    return layers - min(layers, fit)
+
+
+def _workspace_bytes(scenario: Scenario, batch: int) -> float:
+    """Activations of the largest forward of `batch` requests: hidden states, MLP intermediates and
+    fp32 logits of every verified token."""
+    model = scenario.model_spec
+    spec = scenario.speculation
+    tokens = scenario.scheduler.prefill_chunk + batch * spec.verify_tokens
+    per_token = (4 * model.hidden + 2 * model.ffn + (model.heads + 2 * model.kv_heads) * model.head_dim)
+    logits_tokens = batch * spec.verify_tokens
+    return (tokens * per_token * scenario.dtype_bytes + logits_tokens * model.vocab * 4) / scenario.tensor_parallel

@@ -1,0 +1,197 @@
+"""The roofline cost model: the time of a forward from a datasheet and an engine preset.
+
+Every operator costs max(FLOPs / achievable FLOP rate, bytes / achievable bandwidth), where
+achievable = datasheet x the engine preset's efficiency. Per decoder layer a forward runs four
+linears (QKV, O, gate+up, down) that see the batch's total query tokens, elementwise work (norms,
+RoPE, residuals, SiLU) proportional to tokens, and attention that is priced per request from its own
+query and KV tokens. The LM head runs on the tokens that need logits. Tensor parallelism splits
+weights and heads and adds two all-reduces per layer; offloaded layers stream their weights over the
+host link once per forward, overlapped with compute when asked.
+
+The simulator calls `forward`, `selection`, `host_draft` and `step_overhead`; it never sees how a
+time was computed, so a calibrated model with the same methods replaces this one without touching the
+simulation (Vidur's predictor pattern).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from sim.cost.batch import PARTIAL, TRANSFER, OVERHEAD, DRAFT, SELECTION, Group
+from sim.cost.stack import Stack
+from sim.scenario import Scenario
+
+# NCCL all-reduce latency floor for small messages over NVLink/PCIe (one hop ring), seconds.
+ALLREDUCE_LATENCY_S = 8e-6
+
+
+@dataclass(frozen=True)
+class _Linear:
+    flops_per_token: float
+    weight_bytes: float
+    act_bytes_per_token: float
+
+
+class _StackCost:
+    """Per-stack coefficients, computed once so a forward is a few dozen float operations."""
+
+    def __init__(self, stack: Stack, *, act_bytes: int, tp: int, flops_s: float, bytes_s: float,
+                 lm_head_bytes: int):
+        self.stack = stack
+        self.layers = stack.layers
+        self.flops_s = flops_s
+        self.bytes_s = bytes_s
+        self.linears = [_Linear(2 * i * o / tp, i * o * stack.weight_bytes / tp, (i + o) * act_bytes / tp)
+                        for _, i, o in stack.linears] if stack.layers else []
+        self.extra_linears = [_Linear(2 * i * o / tp, i * o * lm_head_bytes / tp, (i + o) * act_bytes / tp)
+                              for i, o in stack.extra_linears]
+        v = stack.lm_head_vocab * stack.lm_head_count
+        self.lm_head = _Linear(2 * stack.hidden * v / tp, stack.hidden * v * lm_head_bytes / tp,
+                               (stack.hidden + v) * act_bytes / tp) if v else None
+        heads = stack.heads / tp
+        kv_heads = max(stack.kv_heads / tp, 1)
+        # Elementwise bytes per token per layer: two RMSNorms and two residual adds over the hidden
+        # state (read + write), RoPE over Q and K, SiLU(gate) * up over the FFN width.
+        self.elementwise_bytes_per_token = act_bytes * (10 * stack.hidden
+                                                        + 2 * (heads + kv_heads) * stack.head_dim
+                                                        + 3 * stack.ffn / tp)
+        self.attn_flops_per_q_kv = 4 * heads * stack.head_dim          # QK^T and PV
+        self.attn_bytes_per_kv = 2 * kv_heads * stack.head_dim * act_bytes
+        self.attn_bytes_per_q = 2 * heads * stack.head_dim * act_bytes  # read q, write out
+        # Below this many query tokens a request's attention is memory-bound at any KV length.
+        self.query_ridge = self.attn_bytes_per_kv * flops_s / (self.attn_flops_per_q_kv * bytes_s)
+        self.layer_weight_bytes = sum(l.weight_bytes for l in self.linears)
+
+    def linear_time_s(self, ops: list[_Linear], tokens: float) -> float:
+        total = 0.0
+        for op in ops:
+            compute = tokens * op.flops_per_token / self.flops_s
+            memory = (op.weight_bytes + tokens * op.act_bytes_per_token) / self.bytes_s
+            total += compute if compute > memory else memory
+        return total
+
+    def attention_time_s(self, group: Group) -> float:
+        """One layer's attention for a group of requests, each priced on its own roofline."""
+        kv_window = self.stack.kv_window
+        if group.query_max <= self.query_ridge and kv_window is None:
+            return (group.kv_tokens_sum * self.attn_bytes_per_kv
+                    + group.tokens * self.attn_bytes_per_q) / self.bytes_s
+        q = group.query_tokens if group.query_tokens is not None else group.tokens / max(group.requests, 1)
+        kv = group.kv_tokens
+        if kv is None:
+            kv = np.full(group.requests, group.kv_tokens_sum / max(group.requests, 1))
+        if kv_window is not None:
+            kv = np.minimum(kv, kv_window)
+        # Causal attention inside a chunk of q new tokens touches q * (kv - (q - 1) / 2) pairs.
+        flops = self.attn_flops_per_q_kv * q * (kv - (np.asarray(q) - 1) / 2)
+        bytes_ = kv * self.attn_bytes_per_kv + q * self.attn_bytes_per_q
+        return float(np.maximum(flops / self.flops_s, bytes_ / self.bytes_s).sum())
+
+
+class RooflineCostModel:
+    """Prices forwards, block selection and host work for one scenario."""
+
+    def __init__(self, scenario: Scenario, link_gb_s: float | None = None):
+        hw = scenario.hardware_spec
+        engine = scenario.engine_spec
+        self.engine = engine
+        self.tp = scenario.tensor_parallel
+        self.act_bytes = scenario.dtype_bytes
+        self.flops_s = hw.peak_tflops(scenario.dtype) * 1e12 * engine.compute_efficiency
+        self.bytes_s = hw.hbm_gb_s * 1e9 * engine.mem_efficiency
+        self.link_bytes_s = (link_gb_s or hw.host_link_gb_s * engine.link_efficiency) * 1e9
+        self.interconnect_bytes_s = hw.interconnect_gb_s * 1e9
+        self.overlap_transfer = scenario.offload.overlap
+        self._stacks: dict[int, _StackCost] = {}
+
+    def _cost_of(self, stack: Stack) -> _StackCost:
+        cost = self._stacks.get(id(stack))
+        if cost is None:
+            cost = _StackCost(stack, act_bytes=self.act_bytes, tp=self.tp, flops_s=self.flops_s,
+                              bytes_s=self.bytes_s, lm_head_bytes=self.act_bytes)
+            self._stacks[id(stack)] = cost
+        return cost
+
+    def allreduce_time_s(self, message_bytes: float) -> float:
+        """Ring all-reduce of one layer's output across the tensor-parallel group."""
+        if self.tp == 1:
+            return 0.0
+        return ALLREDUCE_LATENCY_S + 2 * (self.tp - 1) / self.tp * message_bytes / self.interconnect_bytes_s
+
+    def forward(self, stack: Stack, groups: Sequence[Group], shares: list[float], *,
+                offloaded_layers: int = 0, kv_offloaded: bool = False, repeat: int = 1) -> float:
+        """Seconds of `repeat` identical forwards of `stack` over `groups`; adds each phase's part
+        into `shares`.
+
+        Work shared by the batch (linears, elementwise, all-reduce, launches) is split among the
+        groups by their share of query tokens; attention and LM head are each group's own.
+        `repeat` prices sequential draft forwards that differ only by a token of KV each: give the
+        groups their mean KV, which is exact while attention is memory-bound (linear in KV).
+        """
+        c = self._cost_of(stack)
+        tokens = 0
+        logits = 0
+        for g in groups:
+            tokens += g.tokens
+            logits += g.logits_tokens
+        if tokens == 0:
+            return 0.0
+        layers = c.layers
+        shared = (layers * (c.linear_time_s(c.linears, tokens)
+                            + tokens * c.elementwise_bytes_per_token / c.bytes_s
+                            + 2 * self.allreduce_time_s(tokens * stack.hidden * self.act_bytes)
+                            + self.engine.layer_overhead_s)
+                  + c.linear_time_s(c.extra_linears, tokens) + self.engine.forward_overhead_s)
+        lm_head = c.linear_time_s([c.lm_head], logits) if c.lm_head is not None and logits else 0.0
+        total = shared + lm_head
+        kv_link_bytes = 0.0
+        for g in groups:
+            own = shared * g.tokens / tokens + (lm_head * g.logits_tokens / logits if logits else 0.0)
+            if stack.attention and layers:
+                attention = layers * c.attention_time_s(g)
+                own += attention
+                total += attention
+                if kv_offloaded and g.phase != PARTIAL:
+                    kv_link_bytes += layers * g.kv_tokens_sum * c.attn_bytes_per_kv
+            shares[g.phase] += own * repeat
+        transfer = (offloaded_layers * c.layer_weight_bytes + kv_link_bytes) / self.link_bytes_s
+        if transfer:
+            exposed = max(0.0, transfer - total) if self.overlap_transfer else transfer
+            shares[TRANSFER] += exposed * repeat
+            total += exposed
+        return total * repeat
+
+    def selection(self, stack: Stack, requests: int, context_sum: int, query_tokens_sum: int,
+                  budget_tokens: int, block_tokens: int, shares: list[float]) -> float:
+        """SpecPV block re-selection in every layer: score block summaries, top-k, gather the budget.
+
+        Reads each block's key max and min, multiplies them by the step's queries, and copies the
+        selected blocks' K and V into the partial cache (read + write).
+        """
+        if requests == 0:
+            return 0.0
+        c = self._cost_of(stack)
+        blocks = context_sum / block_tokens
+        summary_bytes = 2 * blocks * c.attn_bytes_per_kv          # k_max and k_min, K side only
+        gather_bytes = 2 * requests * budget_tokens * c.attn_bytes_per_kv
+        flops = 2 * c.attn_flops_per_q_kv / 2 * blocks * max(query_tokens_sum / requests, 1)
+        per_layer = max(flops / c.flops_s, (summary_bytes + gather_bytes) / c.bytes_s)
+        seconds = c.layers * (per_layer + self.engine.layer_overhead_s)
+        shares[SELECTION] += seconds
+        return seconds
+
+    def host_draft(self, requests: int, shares: list[float]) -> float:
+        """Prompt-lookup drafting on the host, one lookup per request."""
+        seconds = requests * self.engine.ngram_lookup_s
+        shares[DRAFT] += seconds
+        return seconds
+
+    def step_overhead(self, requests: int, shares: list[float]) -> float:
+        seconds = self.engine.step_overhead_s + requests * self.engine.request_overhead_s
+        shares[OVERHEAD] += seconds
+        return seconds
+
+    def weight_stream_time_s(self, stack: Stack, layers: int) -> float:
+        return layers * self._cost_of(stack).layer_weight_bytes / self.link_bytes_s

@@ -1,0 +1,395 @@
+"""The SimPy model of a serving engine running speculative decoding.
+
+One replica serves a stream of requests with continuous batching. Each engine iteration is one SimPy
+event: the scheduler admits waiting requests while batch slots and KV memory allow, gives prefilling
+requests a chunk of the prefill token budget, and for every decoding request the drafter proposes
+(k sequential draft forwards for a chain, `depth` forwards of `width` tokens for a tree), one target
+forward verifies the whole batch, and each request commits its accepted drafts plus one token.
+With SpecPV, each request verifies against its partial KV (sink + selected blocks + window + tokens
+since the last refresh) until its period is reached, then once against the full KV, re-feeding the
+tokens accepted since the refresh and re-selecting blocks; requests in one batch can be in
+different modes. Closed-loop, Poisson and trace arrivals are SimPy processes feeding a queue.
+
+Decoding requests live in compact arrays (slots 0..n-1), so an iteration of a 256-request batch is
+a handful of numpy operations on views, not a loop over requests.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from sim.acceptance import AcceptanceModel, disagreement_probability
+from sim.cost.batch import DECODE, DRAFT, FULL, PARTIAL, PHASES, PREFILL, VERIFY, Group, uniform_group
+from sim.cost.memory import MemoryPlan
+from sim.cost.roofline import RooflineCostModel
+from sim.cost.stack import Stacks
+from sim.scenario import Scenario
+from sim.workload import Requests
+
+_INT = np.int64
+
+
+@dataclass
+class RunRecord:
+    """What one simulated run produced, before metrics are computed from it."""
+    first_token_s: np.ndarray
+    finish_s: np.ndarray
+    arrival_s: np.ndarray
+    output_tokens: np.ndarray
+    step_s: list[float] = field(default_factory=list)          # per iteration
+    decoding: list[int] = field(default_factory=list)          # decoding requests per iteration
+    committed: list[np.ndarray] = field(default_factory=list)  # tokens committed per request-step
+    phase_s: list[float] = field(default_factory=lambda: [0.0] * len(PHASES))
+    peak_kv_tokens: int = 0
+    partial_accepted_tokens: int = 0       # SpecPV: tokens accepted under partial verification
+    divergent_tokens: float = 0.0          # expected tokens that differ from full verification
+    rolled_back_tokens: int = 0            # SpecPV rectify: tokens discarded at a full verification
+    preemptions: int = 0
+    iterations: int = 0
+
+
+class _DecodeSlots:
+    """Per-request state of decoding requests, compact in slots 0..n-1."""
+    FIELDS = ("rid", "ctx", "finish", "steps", "last", "since", "steps_since", "selected", "admit")
+
+    def __init__(self, capacity: int):
+        self.n = 0
+        self.rid = np.zeros(capacity, _INT)
+        self.ctx = np.zeros(capacity, _INT)          # tokens with positions: prompt + committed output
+        self.finish = np.zeros(capacity, _INT)       # ctx at which the request is done
+        self.steps = np.zeros(capacity, _INT)        # verification steps taken
+        self.last = np.ones(capacity, _INT)          # tokens committed by the previous step
+        self.since = np.zeros(capacity, _INT)        # SpecPV: tokens accepted since the last refresh
+        self.steps_since = np.zeros(capacity, _INT)  # SpecPV: partial steps since the last refresh
+        self.selected = np.zeros(capacity, bool)     # SpecPV: partial cache holds a selection
+        self.admit = np.zeros(capacity, _INT)        # admission order, for preemption
+
+    def add(self, rid: int, ctx: int, finish: int, admit: int) -> None:
+        i = self.n
+        self.rid[i], self.ctx[i], self.finish[i], self.admit[i] = rid, ctx, finish, admit
+        self.steps[i] = self.since[i] = self.steps_since[i] = 0
+        self.last[i] = 1
+        self.selected[i] = False
+        self.n = i + 1
+
+    def remove(self, i: int) -> None:
+        last = self.n - 1
+        if i != last:
+            for name in self.FIELDS:
+                array = getattr(self, name)
+                array[i] = array[last]
+        self.n = last
+
+
+class EngineSimulation:
+    def __init__(self, scenario: Scenario, requests: Requests, cost: RooflineCostModel, stacks: Stacks,
+                 memory: MemoryPlan, acceptance: AcceptanceModel | None, rng: np.random.Generator):
+        self.scenario = scenario
+        self.requests = requests
+        self.cost = cost
+        self.stacks = stacks
+        self.memory = memory
+        self.acceptance = acceptance
+        self.rng = rng
+        spec = scenario.speculation
+        self.speculative = spec.enabled and acceptance is not None
+        self.method = spec.method
+        self.verify_tokens = spec.verify_tokens if self.speculative else 1
+        self.draft_forwards = spec.draft_depth
+        self.tree_width = spec.tree.tokens_per_draft_forward if spec.tree is not None else 1
+        self.partial = spec.partial_verify if self.speculative else None
+        self.max_batch = scenario.scheduler.max_batch
+        self.prefill_chunk = scenario.scheduler.prefill_chunk
+        self.reserve_tokens = memory.partial_cache_tokens
+
+        n = len(requests)
+        self.record = RunRecord(first_token_s=np.full(n, np.nan), finish_s=np.full(n, np.nan),
+                                arrival_s=requests.arrival_s.copy(), output_tokens=requests.output_tokens)
+        self.env = simpy.Environment()
+        self.waiting: deque[int] = deque()
+        self.prefilling: list[list[int]] = []   # [rid, tokens done, tokens to prefill]
+        self.slots = _DecodeSlots(self.max_batch)
+        self.generated = np.zeros(n, _INT)      # output tokens committed so far, kept across preemption
+        self.kv_used_tokens = 0
+        self.admitted = 0
+        self.finished = 0
+        self.next_closed = 0
+        self.wake: simpy.Event | None = None
+
+    # ---- arrivals -------------------------------------------------------------------------------
+    def arrive(self, rid: int) -> None:
+        self.record.arrival_s[rid] = self.env.now
+        self.waiting.append(rid)
+        if self.wake is not None and not self.wake.triggered:
+            self.wake.succeed()
+
+    def open_loop_arrivals(self):
+        """Poisson or trace arrivals: each request enters the queue at its arrival time."""
+        for rid, at_s in enumerate(self.requests.arrival_s):
+            if at_s > self.env.now:
+                yield self.env.timeout(at_s - self.env.now)
+            self.arrive(rid)
+
+    def arrive_next_closed(self) -> None:
+        if self.next_closed < len(self.requests):
+            self.arrive(self.next_closed)
+            self.next_closed += 1
+
+    # ---- scheduling -----------------------------------------------------------------------------
+    def admit_waiting(self) -> None:
+        """FIFO admission while a batch slot and KV memory for the prompt are free."""
+        capacity = self.memory.kv_capacity_tokens
+        while self.waiting and self.slots.n + len(self.prefilling) < self.max_batch:
+            rid = self.waiting[0]
+            prompt = int(self.requests.prompt_tokens[rid] + self.generated[rid])
+            need = prompt + self.reserve_tokens + self.verify_tokens
+            if self.kv_used_tokens + need > capacity:
+                break
+            self.waiting.popleft()
+            self.prefilling.append([rid, 0, prompt])
+            self.kv_used_tokens += prompt + self.reserve_tokens
+
+    def make_room_for_step(self) -> None:
+        """Preempt the newest decoding requests (recompute) until this step's KV growth fits."""
+        s = self.slots
+        while s.n and self.kv_used_tokens + s.n * self.verify_tokens > self.memory.kv_capacity_tokens:
+            i = int(np.argmax(s.admit[:s.n]))
+            rid = int(s.rid[i])
+            self.kv_used_tokens -= int(s.ctx[i]) + self.reserve_tokens
+            self.generated[rid] = s.ctx[i] - self.requests.prompt_tokens[rid]
+            s.remove(i)
+            self.waiting.appendleft(rid)
+            self.record.preemptions += 1
+
+    def prefill_chunks(self) -> list[tuple[list[int], int]]:
+        """Share the iteration's prefill token budget among prefilling requests, oldest first."""
+        budget = self.prefill_chunk
+        chunks = []
+        for entry in self.prefilling:
+            if budget == 0:
+                break
+            chunk = min(entry[2] - entry[1], budget)
+            chunks.append((entry, chunk))
+            budget -= chunk
+        return chunks
+
+    # ---- one iteration --------------------------------------------------------------------------
+    def price_iteration(self, chunks, shares: list[float]) -> tuple[float, dict]:
+        """Seconds of one engine iteration, and the per-request plan the commit needs."""
+        cost, stacks, s = self.cost, self.stacks, self.slots
+        n = s.n
+        seconds = cost.step_overhead(n + len(chunks), shares)
+        groups: list[Group] = []
+        plan: dict = {}
+        if chunks:
+            q = np.array([c for _, c in chunks], dtype=_INT)
+            kv = np.array([e[1] + c for e, c in chunks], dtype=_INT)
+            logits = sum(1 for e, c in chunks if e[1] + c == e[2])
+            prefill = Group(PREFILL, len(chunks), int(q.sum()), int(q.max()), int(kv.sum()), logits, q, kv)
+            groups.append(prefill)
+            if stacks.draft is not None and stacks.draft_owns_kv:
+                # The draft's own KV (EAGLE head, draft model) needs the prompt too.
+                seconds += cost.forward(stacks.draft, [prefill._replace(logits_tokens=0)], shares)
+        if n:
+            ctx = s.ctx[:n]
+            ctx_sum = int(ctx.sum())
+            if not self.speculative:
+                groups.append(uniform_group(DECODE, n, 1, ctx_sum, kv_tokens=ctx))
+            else:
+                seconds += self.price_drafts(n, ctx, ctx_sum, shares)
+                if self.partial is None:
+                    V = self.verify_tokens
+                    groups.append(uniform_group(VERIFY, n, V, ctx_sum + n * (V - 1), kv_tokens=ctx))
+                else:
+                    seconds += self.plan_partial_verify(n, ctx, ctx_sum, groups, plan, shares)
+        if groups:
+            seconds += cost.forward(stacks.target, groups, shares,
+                                    offloaded_layers=self.memory.offloaded_layers,
+                                    kv_offloaded=self.scenario.offload.kv)
+        return seconds, plan
+
+    def price_drafts(self, n: int, ctx: np.ndarray, ctx_sum: int, shares: list[float]) -> float:
+        """The drafter's work for n decoding requests before their verification."""
+        cost, draft = self.cost, self.stacks.draft
+        if draft is None:                   # n-gram prompt lookup on the host
+            return cost.host_draft(n, shares)
+        if self.method == "medusa":         # all heads in one forward on the last hidden state
+            return cost.forward(draft, [uniform_group(DRAFT, n, 1, ctx_sum)], shares)
+        # First forward: drafts with own KV catch up on the tokens the last step committed.
+        if self.stacks.draft_owns_kv:
+            first_q = self.slots.last[:n]
+            first = Group(DRAFT, n, int(first_q.sum()), self.verify_tokens, ctx_sum, n, first_q, ctx)
+        else:
+            first = uniform_group(DRAFT, n, 1, ctx_sum, kv_tokens=ctx)
+        seconds = cost.forward(draft, [first], shares)
+        rest = self.draft_forwards - 1
+        if rest:
+            # Forward j (1 .. rest) reads j x width drafted tokens besides the context.
+            width = self.tree_width
+            mean_extra = width * (rest + 1) / 2
+            group = uniform_group(DRAFT, n, width, ctx_sum + n * mean_extra,
+                                  kv_tokens=ctx + mean_extra if draft.kv_window else None)
+            seconds += cost.forward(draft, [group], shares, repeat=rest)
+        return seconds
+
+    def plan_partial_verify(self, n, ctx, ctx_sum, groups, plan, shares) -> float:
+        """SpecPV: split decoding requests into full-attention, partial and full-refresh groups."""
+        pv, s, V = self.partial, self.slots, self.verify_tokens
+        eligible = ctx > pv.static_tokens
+        period_reached = (s.since[:n] if pv.period_unit == "tokens" else s.steps_since[:n]) >= pv.period
+        full = eligible & (period_reached | ~s.selected[:n])
+        partial = eligible & ~full
+        plain = ~eligible
+        plan["full"], plan["partial"] = full, partial
+        seconds = 0.0
+        if plain.any():
+            kv = ctx[plain] + V - 1
+            groups.append(uniform_group(VERIFY, len(kv), V, int(kv.sum()), kv_tokens=kv))
+        if partial.any():
+            buffer = s.since[:n][partial]
+            kv = pv.static_tokens + buffer + V
+            groups.append(uniform_group(PARTIAL, len(kv), V, int(kv.sum()), kv_tokens=kv))
+        if full.any():
+            # Re-feed the tokens accepted since the refresh, then verify the new drafts.
+            q = s.since[:n][full] + V
+            kv = ctx[full] + V - 1
+            groups.append(Group(FULL, len(q), int(q.sum()), int(q.max()), int(kv.sum()), int(q.sum()), q, kv))
+            seconds += self.cost.selection(self.stacks.target, len(q), int(kv.sum()), int(q.sum()),
+                                           pv.budget, pv.block, shares)
+        return seconds
+
+    def commit(self, chunks, plan) -> None:
+        """Apply the iteration's outcome at its end time: prefill progress, accepted tokens, finishes."""
+        now = self.env.now
+        s, record = self.slots, self.record
+        n = s.n
+        if n:
+            ctx = s.ctx[:n]
+            if self.speculative:
+                accepted = self.acceptance.draw(s.rid[:n], s.steps[:n], ctx)
+                committed = accepted + 1
+                s.last[:n] = committed
+                s.steps[:n] += 1
+                record.committed.append(committed)
+                if self.partial is not None:
+                    committed = self.apply_partial_verify(n, committed, plan)
+            else:
+                committed = 1
+            before = int(ctx.sum()) if self.speculative else 0
+            ctx += committed
+            self.kv_used_tokens += (int(ctx.sum()) - before) if self.speculative else n
+            record.decoding.append(n)
+        else:
+            record.decoding.append(0)
+        for entry, chunk in chunks:
+            entry[1] += chunk
+        if chunks and any(e[1] == e[2] for e, _ in chunks):
+            self.start_decoding(now)
+        if n and (s.ctx[:n] >= s.finish[:n]).any():
+            self.finish_requests(now)
+        self.record.peak_kv_tokens = max(self.record.peak_kv_tokens, self.kv_used_tokens)
+
+    def apply_partial_verify(self, n, committed, plan) -> np.ndarray:
+        """SpecPV bookkeeping; with rectify, full verification rolls back at the first disagreement."""
+        pv, s, record = self.partial, self.slots, self.record
+        full, partial = plan["full"], plan["partial"]
+        ctx = s.ctx[:n]
+        if partial.any():
+            taken = committed[partial]
+            record.partial_accepted_tokens += int(taken.sum())
+            p = disagreement_probability(pv.disagreement, pv.budget, pv.static_tokens, ctx[partial])
+            record.divergent_tokens += float((p * taken).sum())
+            s.since[:n][partial] += taken
+            s.steps_since[:n][partial] += 1
+        if full.any():
+            if pv.rectify:
+                since = s.since[:n][full]
+                p = disagreement_probability(pv.disagreement, pv.budget, pv.static_tokens, ctx[full])
+                u = 1.0 - self.rng.random(len(since))
+                with np.errstate(divide="ignore"):
+                    first_bad = np.where(p > 0, np.floor(np.log(u) / np.log1p(-np.minimum(p, 1 - 1e-12))),
+                                         np.iinfo(_INT).max)
+                bad = first_bad < since
+                if bad.any():
+                    # Keep the tokens before the disagreement, replace it by the target's token and
+                    # discard the rest of the buffer together with this step's drafts.
+                    rollback = np.where(bad, since - first_bad.astype(_INT), 0)
+                    full_committed = np.where(bad, 1 - rollback, committed[full])
+                    committed = committed.copy()
+                    committed[full] = full_committed
+                    record.rolled_back_tokens += int(rollback.sum())
+                    record.divergent_tokens -= float(bad.sum())  # fixed before the output is final
+            s.since[:n][full] = 0
+            s.steps_since[:n][full] = 0
+            s.selected[:n][full] = True
+        return committed
+
+    def start_decoding(self, now: float) -> None:
+        """Requests whose prefill completed produced their first token and join the decode slots."""
+        still = []
+        for entry in self.prefilling:
+            rid, done, total = entry
+            if done < total:
+                still.append(entry)
+                continue
+            first_token = self.generated[rid] == 0
+            if first_token:
+                self.record.first_token_s[rid] = now
+            prompt = int(self.requests.prompt_tokens[rid])
+            self.generated[rid] += 1
+            self.kv_used_tokens += 1
+            self.admitted += 1
+            self.slots.add(rid, total + 1, prompt + int(self.requests.output_tokens[rid]), self.admitted)
+        self.prefilling = still
+
+    def finish_requests(self, now: float) -> None:
+        s = self.slots
+        done = np.flatnonzero(s.ctx[:s.n] >= s.finish[:s.n])
+        for i in done[::-1]:
+            rid = int(s.rid[i])
+            self.record.finish_s[rid] = now
+            self.kv_used_tokens -= int(s.ctx[i]) + self.reserve_tokens
+            s.remove(int(i))
+            self.finished += 1
+            if self.requests.closed_concurrency is not None:
+                self.arrive_next_closed()
+
+    # ---- the engine process ---------------------------------------------------------------------
+    def serve(self):
+        record = self.record
+        total = len(self.requests)
+        shares = record.phase_s
+        while self.finished < total:
+            self.admit_waiting()
+            if self.slots.n == 0 and not self.prefilling:
+                if not self.waiting:
+                    self.wake = self.env.event()
+                    yield self.wake
+                    self.wake = None
+                    continue
+                # Nothing running and the head of the queue does not fit: memory plan guarantees
+                # one request fits, so this only happens transiently; admit it anyway.
+                rid = self.waiting.popleft()
+                prompt = int(self.requests.prompt_tokens[rid] + self.generated[rid])
+                self.prefilling.append([rid, 0, prompt])
+                self.kv_used_tokens += prompt + self.reserve_tokens
+            self.make_room_for_step()
+            chunks = self.prefill_chunks()
+            step_s, plan = self.price_iteration(chunks, shares)
+            yield self.env.timeout(step_s)
+            record.step_s.append(step_s)
+            record.iterations += 1
+            self.commit(chunks, plan)
+
+    def run(self) -> RunRecord:
+        if self.requests.closed_concurrency is not None:
+            for _ in range(self.requests.closed_concurrency):
+                self.arrive_next_closed()
+        else:
+            self.env.process(self.open_loop_arrivals())
+        self.env.process(self.serve())
+        self.env.run()
+        return self.record

@@ -1,0 +1,61 @@
+"""Engine presets: how much of the hardware an inference engine achieves, and its host overheads.
+
+These are the only knobs of the roofline model that are not datasheet facts. They are set once per
+engine from public measurements of that engine, never tuned to a scenario, and a calibration bundle
+(`calibration:`) replaces them with measured times.
+
+- mem_efficiency: fraction of datasheet memory bandwidth that weight and KV streaming achieves
+  (well-tuned decode GEMV / paged attention kernels reach 70-90% on H100/A100).
+- compute_efficiency: fraction of dense tensor-core peak that large GEMMs and prefill attention reach.
+- step_overhead_s: host time per engine iteration outside the forwards (scheduling, sampling,
+  detokenization, input preparation) that the GPU does not overlap.
+- request_overhead_s: host time per running request per iteration (block tables, sampling metadata).
+- forward_overhead_s: fixed cost of launching one model forward (a CUDA-graph replay, or the Python
+  call chain of an eager model).
+- layer_overhead_s: per decoder layer per forward: kernel launch gaps that CUDA graphs remove and an
+  eager engine pays (about a dozen kernels a layer).
+- ngram_lookup_s: host time of one prompt-lookup draft for one request.
+- link_efficiency: fraction of the theoretical host link a pinned host-to-device copy reaches.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    name: str
+    mem_efficiency: float
+    compute_efficiency: float
+    step_overhead_s: float
+    request_overhead_s: float
+    forward_overhead_s: float
+    layer_overhead_s: float
+    ngram_lookup_s: float
+    link_efficiency: float = 0.8
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
+ENGINES: dict[str, EngineSpec] = {
+    # vLLM V1 with CUDA graphs: decode kernels at about 80% of HBM bandwidth; the measurement study in
+    # BACKGROUND.md puts scheduler overhead at 3-12% of an SD step, i.e. a few hundred microseconds.
+    "vllm": EngineSpec("vllm", mem_efficiency=0.80, compute_efficiency=0.65, step_overhead_s=350e-6,
+                       request_overhead_s=6e-6, forward_overhead_s=30e-6, layer_overhead_s=0.0,
+                       ngram_lookup_s=15e-6),
+    # SGLang with CUDA graphs and an overlapped scheduler: slightly less host time per step.
+    "sglang": EngineSpec("sglang", mem_efficiency=0.82, compute_efficiency=0.65, step_overhead_s=200e-6,
+                         request_overhead_s=4e-6, forward_overhead_s=30e-6, layer_overhead_s=0.0,
+                         ngram_lookup_s=15e-6),
+    # gpt-fast: torch.compile'd single-request loop; reports ~70% of A100 bandwidth on Llama-2-7B bf16.
+    "gpt-fast": EngineSpec("gpt-fast", mem_efficiency=0.70, compute_efficiency=0.60, step_overhead_s=40e-6,
+                           request_overhead_s=0.0, forward_overhead_s=20e-6, layer_overhead_s=0.0,
+                           ngram_lookup_s=20e-6),
+    # Hugging Face transformers in eager mode: every kernel launched from Python, so each decoder layer
+    # costs a few hundred microseconds of launch time at small batch; generate() adds per-step work.
+    "hf-eager": EngineSpec("hf-eager", mem_efficiency=0.60, compute_efficiency=0.50, step_overhead_s=1.5e-3,
+                           request_overhead_s=20e-6, forward_overhead_s=300e-6, layer_overhead_s=250e-6,
+                           ngram_lookup_s=50e-6, link_efficiency=0.75),
+}

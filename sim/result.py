@@ -1,0 +1,170 @@
+"""Metrics of a simulated run, and the Result that pairs a speculative run with its baseline."""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from sim.cost.batch import PHASES, PREFILL
+from sim.engine import RunRecord
+from sim.scenario import Scenario
+
+PERCENTILES = (50, 90, 99)
+
+
+def percentiles_ms(values_s: np.ndarray, weights: np.ndarray | None = None) -> dict[str, float]:
+    """p50/p90/p99 in milliseconds (NaN when there are no values)."""
+    values_s = np.asarray(values_s, dtype=float)
+    if weights is not None:
+        values_s = np.repeat(values_s, weights)
+    values_s = values_s[~np.isnan(values_s)]
+    if values_s.size == 0:
+        return {f"p{p}": math.nan for p in PERCENTILES}
+    return {f"p{p}": float(np.percentile(values_s, p) * 1e3) for p in PERCENTILES}
+
+
+@dataclass
+class RunMetrics:
+    makespan_s: float
+    output_tokens: int
+    throughput_tok_s: float
+    decode_throughput_tok_s: float
+    iterations: int
+    tokens_per_step: float                 # mean committed per verification step, bonus included
+    tokens_per_step_histogram: dict[int, int]
+    ttft_ms: dict[str, float]
+    tpot_ms: dict[str, float]
+    itl_ms: dict[str, float]
+    e2e_ms: dict[str, float]
+    time_share: dict[str, float]
+    phase_s: dict[str, float]
+    peak_kv_tokens: int
+    preemptions: int
+    goodput_tok_s: float | None = None
+    slo_attainment: float | None = None
+    ttft_s: np.ndarray = field(default=None, repr=False)
+    tpot_s: np.ndarray = field(default=None, repr=False)
+
+
+def summarize(record: RunRecord, scenario: Scenario) -> RunMetrics:
+    start_s = float(np.nanmin(record.arrival_s))
+    end_s = float(np.nanmax(record.finish_s))
+    makespan = end_s - start_s
+    outputs = record.output_tokens
+    total_out = int(outputs.sum())
+    ttft = record.first_token_s - record.arrival_s
+    tpot = np.where(outputs > 1, (record.finish_s - record.first_token_s) / np.maximum(outputs - 1, 1), np.nan)
+    e2e = record.finish_s - record.arrival_s
+    steps = np.asarray(record.step_s)
+    decoding = np.asarray(record.decoding, dtype=np.int64)
+    phase_s = dict(zip(PHASES, record.phase_s))
+    busy = sum(record.phase_s)
+    share = {k: (v / busy if busy else 0.0) for k, v in phase_s.items()}
+    if record.committed:
+        committed = np.concatenate(record.committed)
+        hist = np.bincount(committed)
+        tps = float(committed.mean())
+    else:  # no speculation: every decode step commits one token
+        hist = np.array([0, int(decoding.sum())])
+        tps = 1.0
+    # Decode-only throughput (long-context papers): tokens after the first, over time not spent on
+    # prefill. Prefill time is its share of iterations; idle gaps stay in the denominator.
+    prefill_s = record.phase_s[PREFILL] / busy * float(steps.sum()) if busy else 0.0
+    decode_time = makespan - prefill_s
+    decode_tokens = total_out - len(outputs)
+    metrics = RunMetrics(
+        makespan_s=makespan, output_tokens=total_out,
+        throughput_tok_s=total_out / makespan if makespan > 0 else math.inf,
+        decode_throughput_tok_s=decode_tokens / decode_time if decode_time > 0 else math.nan,
+        iterations=record.iterations, tokens_per_step=tps,
+        tokens_per_step_histogram={int(i): int(c) for i, c in enumerate(hist) if c},
+        ttft_ms=percentiles_ms(ttft), tpot_ms=percentiles_ms(tpot),
+        itl_ms=percentiles_ms(steps, decoding), e2e_ms=percentiles_ms(e2e),
+        time_share=share, phase_s=phase_s, peak_kv_tokens=record.peak_kv_tokens,
+        preemptions=record.preemptions, ttft_s=ttft, tpot_s=tpot)
+    slo = scenario.slo
+    if slo.ttft_ms_p90 is not None or slo.tpot_ms_p90 is not None:
+        ok = np.ones(len(outputs), dtype=bool)
+        if slo.ttft_ms_p90 is not None:
+            ok &= ttft * 1e3 <= slo.ttft_ms_p90
+        if slo.tpot_ms_p90 is not None:
+            ok &= ~(tpot * 1e3 > slo.tpot_ms_p90)      # single-token outputs have no TPOT
+        metrics.slo_attainment = float(ok.mean())
+        metrics.goodput_tok_s = float(outputs[ok].sum() / makespan) if makespan > 0 else math.nan
+    return metrics
+
+
+@dataclass
+class Result:
+    """A speculative run and its no-speculation baseline on the same requests and seed."""
+    scenario: Scenario
+    speculative: RunMetrics | None
+    baseline: RunMetrics
+    memory: dict
+    partial_verify: dict | None
+    provenance: dict
+
+    @property
+    def run(self) -> RunMetrics:
+        return self.speculative or self.baseline
+
+    @property
+    def throughput_tok_s(self) -> float:
+        return self.run.throughput_tok_s
+
+    @property
+    def speedup(self) -> float:
+        return self.run.throughput_tok_s / self.baseline.throughput_tok_s
+
+    @property
+    def decode_speedup(self) -> float:
+        return self.run.decode_throughput_tok_s / self.baseline.decode_throughput_tok_s
+
+    def to_dict(self) -> dict:
+        """The JSON object of `python -m sim run --json`."""
+        run, base = self.run, self.baseline
+        out = {
+            "throughput_tok_s": run.throughput_tok_s,
+            "baseline_throughput_tok_s": base.throughput_tok_s,
+            "speedup": self.speedup,
+            "decode_throughput_tok_s": run.decode_throughput_tok_s,
+            "baseline_decode_throughput_tok_s": base.decode_throughput_tok_s,
+            "decode_speedup": self.decode_speedup,
+            "tokens_per_step": run.tokens_per_step,
+            "tokens_per_step_histogram": run.tokens_per_step_histogram,
+            "tpot_ms": run.tpot_ms, "ttft_ms": run.ttft_ms, "itl_ms": run.itl_ms, "e2e_ms": run.e2e_ms,
+            "time_share": run.time_share,
+            "baseline_tpot_ms": base.tpot_ms, "baseline_ttft_ms": base.ttft_ms,
+            "baseline_time_share": base.time_share,
+            "makespan_s": run.makespan_s, "baseline_makespan_s": base.makespan_s,
+            "output_tokens": run.output_tokens,
+            "iterations": run.iterations, "baseline_iterations": base.iterations,
+            "peak_kv_gb": self.memory["peak_kv_gb"], "baseline_peak_kv_gb": self.memory["baseline_peak_kv_gb"],
+            "preemptions": run.preemptions,
+            "goodput_tok_s": run.goodput_tok_s, "baseline_goodput_tok_s": base.goodput_tok_s,
+            "slo_attainment": run.slo_attainment, "baseline_slo_attainment": base.slo_attainment,
+            "memory": self.memory,
+            "partial_verify": self.partial_verify,
+            "provenance": self.provenance,
+        }
+        return _json_safe(out)
+
+
+def _json_safe(value):
+    """NaN and infinities become null, so the JSON is strict."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, np.generic):
+        return _json_safe(value.item())
+    return value
+
+
+def run_metrics_dict(metrics: RunMetrics) -> dict:
+    d = asdict(metrics)
+    d.pop("ttft_s"), d.pop("tpot_s")
+    return _json_safe(d)

@@ -1,0 +1,119 @@
+"""`simulate(scenario) -> Result`: the speculative run and its baseline, on the same requests."""
+from __future__ import annotations
+
+import platform
+import subprocess
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+
+from sim.acceptance import build_acceptance
+from sim.cost.memory import GB, plan_memory
+from sim.cost.roofline import RooflineCostModel
+from sim.cost.stack import build_stacks
+from sim.engine import EngineSimulation, RunRecord
+from sim.result import Result, summarize
+from sim.scenario import Scenario, load_scenario
+from sim.workload import Requests, build_requests
+
+
+def simulate(scenario: Scenario | dict | str | Path) -> Result:
+    """Simulate a scenario with speculation (if any) and without, and pair the two.
+
+    Raises ScenarioError (one line: field and reason) on bad input, before anything runs.
+    """
+    scenario = load_scenario(scenario)
+    requests = build_requests(scenario)
+    concurrency = requests.closed_concurrency or min(scenario.scheduler.max_batch, len(requests))
+    max_request_tokens = requests.max_tokens + scenario.speculation.verify_tokens
+
+    baseline_scenario = scenario.with_method_none()
+    configs = [("baseline", baseline_scenario)]
+    if scenario.speculation.enabled:
+        configs.append(("speculative", scenario))
+    # Plan every configuration's memory first, so a scenario that cannot run fails before any run.
+    planned = []
+    for name, config in configs:
+        stacks = build_stacks(config)
+        memory = plan_memory(config, stacks, max_request_tokens, concurrency)
+        planned.append((name, config, stacks, memory))
+
+    runs, memories = {}, {}
+    for name, config, stacks, memory in planned:
+        record = run_engine(config, requests, stacks, memory)
+        runs[name] = (record, summarize(record, scenario))
+        memories[name] = (memory, record)
+
+    base_memory, base_record = memories["baseline"]
+    memory, record = memories.get("speculative", memories["baseline"])
+    kv_gb = lambda mem, rec: rec.peak_kv_tokens * mem.kv_bytes_per_token / GB
+    memory_info = {
+        "resident_layers": memory.resident_layers, "offloaded_layers": memory.offloaded_layers,
+        "baseline_resident_layers": base_memory.resident_layers,
+        "baseline_offloaded_layers": base_memory.offloaded_layers,
+        "weights_resident_gb": memory.weight_bytes_resident / GB,
+        "kv_capacity_tokens": memory.kv_capacity_tokens,
+        "baseline_kv_capacity_tokens": base_memory.kv_capacity_tokens,
+        "peak_kv_gb": kv_gb(memory, record), "baseline_peak_kv_gb": kv_gb(base_memory, base_record),
+    }
+    partial_info = None
+    if scenario.speculation.partial_verify is not None:
+        partial_info = {
+            "partial_accepted_tokens": record.partial_accepted_tokens,
+            "divergent_tokens": record.divergent_tokens,
+            "divergence_rate": record.divergent_tokens / max(int(requests.output_tokens.sum()), 1),
+            "rolled_back_tokens": record.rolled_back_tokens,
+        }
+    speculative = runs["speculative"][1] if "speculative" in runs else None
+    return Result(scenario, speculative, runs["baseline"][1], memory_info, partial_info,
+                  provenance(scenario))
+
+
+def run_engine(config: Scenario, requests: Requests, stacks, memory) -> RunRecord:
+    """One SimPy run of one configuration; acceptance and engine draws seeded by the scenario."""
+    cost = RooflineCostModel(config, link_gb_s=config.offload.link_gb_s)
+    acceptance = None
+    if config.speculation.enabled:
+        acceptance = build_acceptance(config, len(requests), np.random.default_rng([config.seed, 2]))
+    engine = EngineSimulation(config, requests, cost, stacks, memory, acceptance,
+                              np.random.default_rng([config.seed, 3]))
+    return engine.run()
+
+
+def provenance(scenario: Scenario) -> dict:
+    return {
+        "device": scenario.hardware_spec.name,
+        "model": scenario.model_spec.name,
+        "dtype": scenario.dtype,
+        "engine": scenario.engine_spec.name,
+        "cost_model": "roofline" if scenario.calibration is None else f"calibrated:{scenario.calibration}",
+        "seed": scenario.seed,
+        "git_revision": git_revision(),
+        "versions": versions(),
+    }
+
+
+@lru_cache(maxsize=1)
+def git_revision() -> str:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
+        revision = out.stdout.strip() if out.returncode == 0 else "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return revision + ("+dirty" if dirty and revision != "unknown" else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+@lru_cache(maxsize=1)
+def versions() -> dict:
+    out = {"python": platform.python_version()}
+    for package in ("specsim", "numpy", "simpy", "pydantic", "scipy"):
+        try:
+            out[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            pass
+    return out

@@ -29,9 +29,13 @@ MAX_RATE = 0.999
 
 class AcceptanceModel:
     depth: int
+    uses_steps = False      # does draw() read the per-request step counts?
+    uses_context = False    # does draw() read the per-request context?
 
-    def draw(self, rids: np.ndarray, steps: np.ndarray, context: np.ndarray) -> np.ndarray:
-        """Accepted drafts per request for one step: int array [n] in [0, depth]."""
+    def draw(self, rids: np.ndarray, steps: np.ndarray | None,
+             context: np.ndarray | None) -> tuple[np.ndarray, int]:
+        """Tokens committed by one verification step per request (accepted drafts + 1): an int array
+        [n] in [1, depth + 1] that is never written again, and its sum."""
         raise NotImplementedError
 
     def mean_tokens_per_step(self) -> float | None:
@@ -40,6 +44,8 @@ class AcceptanceModel:
 
 
 class ConstantAcceptance(AcceptanceModel):
+    uses_steps = True
+
     def __init__(self, tokens_per_step: float, depth: int):
         self.depth = depth
         self.accepted_per_step = tokens_per_step - 1.0
@@ -48,7 +54,8 @@ class ConstantAcceptance(AcceptanceModel):
         # After s steps a request has accepted round(s * m) drafts: never more than half a token
         # from the exact mean, and never more than ceil(m) <= depth in one step.
         m = self.accepted_per_step
-        return (np.floor((steps + 1) * m + 0.5) - np.floor(steps * m + 0.5)).astype(np.int64)
+        tokens = (np.floor((steps + 1) * m + 0.5) - np.floor(steps * m + 0.5)).astype(np.int64) + 1
+        return tokens, int(tokens.sum())
 
     def mean_tokens_per_step(self) -> float:
         return self.accepted_per_step + 1.0
@@ -71,16 +78,19 @@ class GeometricAcceptance(AcceptanceModel):
             pool = np.zeros(len(u), dtype=np.int64)
         else:
             pool = np.minimum(np.floor(np.log(u) / np.log(self.rate)), self.depth).astype(np.int64)
+        pool += 1
         self._pool = np.concatenate([self._pool[self._next:], pool])
+        # Running sums make a draw's total two list lookups instead of a reduction.
+        self._cumsum = np.concatenate([[0], np.cumsum(self._pool)]).tolist()
         self._next = 0
 
     def draw(self, rids, steps, context):
         n = len(rids)
         if self._next + n > len(self._pool):
             self._refill(n)
-        out = self._pool[self._next:self._next + n]
-        self._next += n
-        return out
+        start = self._next
+        self._next = start + n
+        return self._pool[start:start + n], self._cumsum[start + n] - self._cumsum[start]
 
     def mean_tokens_per_step(self) -> float:
         a, k = self.rate, self.depth
@@ -93,6 +103,7 @@ class SurvivalAcceptance(AcceptanceModel):
     def __init__(self, rates: list[float], depth: int, request_spread: float, context_slope: float,
                  requests: int, rng: np.random.Generator):
         self.depth = depth
+        self.uses_context = bool(context_slope)
         self.rates = np.asarray(rates[:depth], dtype=float)
         self.context_slope = context_slope
         self.rng = rng
@@ -116,7 +127,8 @@ class SurvivalAcceptance(AcceptanceModel):
     def draw(self, rids, steps, context):
         survival = np.cumprod(self.rates_for(rids, context), axis=1)   # P(accepted >= j), j = 1..depth
         u = self.rng.random(len(rids))
-        return (survival > u[:, None]).sum(axis=1)
+        tokens = (survival > u[:, None]).sum(axis=1) + 1
+        return tokens, int(tokens.sum())
 
     def mean_tokens_per_step(self) -> float | None:
         if self.context_slope or self.shift.any():
@@ -127,21 +139,24 @@ class SurvivalAcceptance(AcceptanceModel):
 class TraceAcceptance(AcceptanceModel):
     """Replays recorded accepted counts; simulated request i follows recorded request perm[i]."""
 
+    uses_steps = True
+
     def __init__(self, path: Path, depth: int, requests: int, rng: np.random.Generator):
         self.depth = depth
         sequences = read_acceptance_trace(path)
         lengths = np.array([len(s) for s in sequences])
         self.offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
         self.lengths = lengths
-        self.flat = np.minimum(np.concatenate(sequences), depth)
+        self.flat = np.minimum(np.concatenate(sequences), depth) + 1
         self.assigned = rng.permutation(np.resize(np.arange(len(sequences)), requests))
 
     def draw(self, rids, steps, context):
         trace = self.assigned[rids]
-        return self.flat[self.offsets[trace] + steps % self.lengths[trace]]
+        tokens = self.flat[self.offsets[trace] + steps % self.lengths[trace]]
+        return tokens, int(tokens.sum())
 
     def mean_tokens_per_step(self) -> float:
-        return 1.0 + float(self.flat.mean())
+        return float(self.flat.mean())
 
 
 def read_acceptance_trace(path: Path) -> list[np.ndarray]:

@@ -104,6 +104,12 @@ class EngineSimulation:
         self.max_batch = scenario.scheduler.max_batch
         self.prefill_chunk = scenario.scheduler.prefill_chunk
         self.reserve_tokens = memory.partial_cache_tokens
+        self.offloaded_layers = memory.offloaded_layers
+        self.kv_offloaded = scenario.offload.kv
+        # What the hot path must keep per request; each skipped array op is a microsecond.
+        self.track_steps = self.speculative and acceptance.uses_steps
+        self.track_last = self.speculative and stacks.draft_owns_kv
+        self.context_for_draw = self.speculative and acceptance.uses_context
 
         n = len(requests)
         self.record = RunRecord(first_token_s=np.full(n, np.nan), finish_s=np.full(n, np.nan),
@@ -114,6 +120,8 @@ class EngineSimulation:
         self.slots = _DecodeSlots(self.max_batch)
         self.generated = np.zeros(n, _INT)      # output tokens committed so far, kept across preemption
         self.kv_used_tokens = 0
+        self.ctx_sum = 0                        # sum of slots.ctx over decoding requests
+        self.last_sum = 0                       # sum of slots.last over decoding requests
         self.admitted = 0
         self.finished = 0
         self.next_closed = 0
@@ -159,6 +167,8 @@ class EngineSimulation:
             i = int(np.argmax(s.admit[:s.n]))
             rid = int(s.rid[i])
             self.kv_used_tokens -= int(s.ctx[i]) + self.reserve_tokens
+            self.ctx_sum -= int(s.ctx[i])
+            self.last_sum -= int(s.last[i])
             self.generated[rid] = s.ctx[i] - self.requests.prompt_tokens[rid]
             s.remove(i)
             self.waiting.appendleft(rid)
@@ -182,33 +192,36 @@ class EngineSimulation:
         cost, stacks, s = self.cost, self.stacks, self.slots
         n = s.n
         seconds = cost.step_overhead(n + len(chunks), shares)
-        groups: list[Group] = []
         plan: dict = {}
+        prefill = None
         if chunks:
-            q = np.array([c for _, c in chunks], dtype=_INT)
-            kv = np.array([e[1] + c for e, c in chunks], dtype=_INT)
+            q = [c for _, c in chunks]
+            kv = [e[1] + c for e, c in chunks]
             logits = sum(1 for e, c in chunks if e[1] + c == e[2])
-            prefill = Group(PREFILL, len(chunks), int(q.sum()), int(q.max()), int(kv.sum()), logits, q, kv)
-            groups.append(prefill)
+            prefill = Group(PREFILL, len(chunks), sum(q), max(q), sum(kv), logits, q, kv)
             if stacks.draft is not None and stacks.draft_owns_kv:
                 # The draft's own KV (EAGLE head, draft model) needs the prompt too.
                 seconds += cost.forward(stacks.draft, [prefill._replace(logits_tokens=0)], shares)
-        if n:
-            ctx = s.ctx[:n]
-            ctx_sum = int(ctx.sum())
-            if not self.speculative:
-                groups.append(uniform_group(DECODE, n, 1, ctx_sum, kv_tokens=ctx))
-            else:
-                seconds += self.price_drafts(n, ctx, ctx_sum, shares)
-                if self.partial is None:
-                    V = self.verify_tokens
-                    groups.append(uniform_group(VERIFY, n, V, ctx_sum + n * (V - 1), kv_tokens=ctx))
-                else:
-                    seconds += self.plan_partial_verify(n, ctx, ctx_sum, groups, plan, shares)
-        if groups:
-            seconds += cost.forward(stacks.target, groups, shares,
-                                    offloaded_layers=self.memory.offloaded_layers,
-                                    kv_offloaded=self.scenario.offload.kv)
+        if n == 0:
+            return seconds + cost.forward(stacks.target, [prefill], shares, offloaded_layers=self.offloaded_layers,
+                                          kv_offloaded=self.kv_offloaded), plan
+        ctx = s.ctx[:n]
+        ctx_sum = self.ctx_sum
+        if self.speculative:
+            seconds += self.price_drafts(n, ctx, ctx_sum, shares)
+        if self.partial is not None:
+            groups = [prefill] if prefill is not None else []
+            seconds += self.plan_partial_verify(n, ctx, groups, plan, shares)
+        else:
+            V = self.verify_tokens
+            phase = VERIFY if self.speculative else DECODE
+            if prefill is None:
+                return seconds + cost.forward_uniform(
+                    stacks.target, phase, n, V, ctx_sum + n * (V - 1), shares, context=ctx, kv_offset=V - 1,
+                    offloaded_layers=self.offloaded_layers, kv_offloaded=self.kv_offloaded), plan
+            groups = [prefill, uniform_group(phase, n, V, ctx_sum + n * (V - 1), kv_tokens=ctx + (V - 1))]
+        seconds += cost.forward(stacks.target, groups, shares, offloaded_layers=self.offloaded_layers,
+                                kv_offloaded=self.kv_offloaded)
         return seconds, plan
 
     def price_drafts(self, n: int, ctx: np.ndarray, ctx_sum: int, shares: list[float]) -> float:
@@ -217,25 +230,23 @@ class EngineSimulation:
         if draft is None:                   # n-gram prompt lookup on the host
             return cost.host_draft(n, shares)
         if self.method == "medusa":         # all heads in one forward on the last hidden state
-            return cost.forward(draft, [uniform_group(DRAFT, n, 1, ctx_sum)], shares)
-        # First forward: drafts with own KV catch up on the tokens the last step committed.
-        if self.stacks.draft_owns_kv:
-            first_q = self.slots.last[:n]
-            first = Group(DRAFT, n, int(first_q.sum()), self.verify_tokens, ctx_sum, n, first_q, ctx)
+            return cost.forward_uniform(draft, DRAFT, n, 1, ctx_sum, shares)
+        if self.track_last:
+            # A drafter with its own KV first catches up on the tokens the last step committed.
+            seconds = cost.forward_uniform(draft, DRAFT, n, self.verify_tokens, ctx_sum, shares,
+                                           tokens=self.last_sum, logits_tokens=n, context=ctx)
         else:
-            first = uniform_group(DRAFT, n, 1, ctx_sum, kv_tokens=ctx)
-        seconds = cost.forward(draft, [first], shares)
+            seconds = cost.forward_uniform(draft, DRAFT, n, 1, ctx_sum, shares, context=ctx)
         rest = self.draft_forwards - 1
         if rest:
             # Forward j (1 .. rest) reads j x width drafted tokens besides the context.
             width = self.tree_width
             mean_extra = width * (rest + 1) / 2
-            group = uniform_group(DRAFT, n, width, ctx_sum + n * mean_extra,
-                                  kv_tokens=ctx + mean_extra if draft.kv_window else None)
-            seconds += cost.forward(draft, [group], shares, repeat=rest)
+            seconds += cost.forward_uniform(draft, DRAFT, n, width, ctx_sum + n * mean_extra, shares,
+                                            context=ctx, kv_offset=mean_extra, repeat=rest)
         return seconds
 
-    def plan_partial_verify(self, n, ctx, ctx_sum, groups, plan, shares) -> float:
+    def plan_partial_verify(self, n, ctx, groups, plan, shares) -> float:
         """SpecPV: split decoding requests into full-attention, partial and full-refresh groups."""
         pv, s, V = self.partial, self.slots, self.verify_tokens
         eligible = ctx > pv.static_tokens
@@ -259,38 +270,44 @@ class EngineSimulation:
             groups.append(Group(FULL, len(q), int(q.sum()), int(q.max()), int(kv.sum()), int(q.sum()), q, kv))
             seconds += self.cost.selection(self.stacks.target, len(q), int(kv.sum()), int(q.sum()),
                                            pv.budget, pv.block, shares)
-        return seconds
+        return seconds + self.cost.forward(self.stacks.target, groups, shares,
+                                           offloaded_layers=self.offloaded_layers, kv_offloaded=self.kv_offloaded)
 
     def commit(self, chunks, plan) -> None:
         """Apply the iteration's outcome at its end time: prefill progress, accepted tokens, finishes."""
         now = self.env.now
         s, record = self.slots, self.record
         n = s.n
+        record.decoding.append(n)
         if n:
             ctx = s.ctx[:n]
             if self.speculative:
-                accepted = self.acceptance.draw(s.rid[:n], s.steps[:n], ctx)
-                committed = accepted + 1
-                s.last[:n] = committed
-                s.steps[:n] += 1
+                committed, grown = self.acceptance.draw(s.rid[:n], s.steps[:n] if self.track_steps else None,
+                                                        ctx if self.context_for_draw else None)
                 record.committed.append(committed)
+                if self.track_steps:
+                    s.steps[:n] += 1
+                if self.track_last:
+                    s.last[:n] = committed
+                    self.last_sum = grown
                 if self.partial is not None:
                     committed = self.apply_partial_verify(n, committed, plan)
+                    grown = int(committed.sum())
             else:
                 committed = 1
-            before = int(ctx.sum()) if self.speculative else 0
+                grown = n
             ctx += committed
-            self.kv_used_tokens += (int(ctx.sum()) - before) if self.speculative else n
-            record.decoding.append(n)
-        else:
-            record.decoding.append(0)
-        for entry, chunk in chunks:
-            entry[1] += chunk
-        if chunks and any(e[1] == e[2] for e, _ in chunks):
-            self.start_decoding(now)
-        if n and (s.ctx[:n] >= s.finish[:n]).any():
-            self.finish_requests(now)
-        self.record.peak_kv_tokens = max(self.record.peak_kv_tokens, self.kv_used_tokens)
+            self.ctx_sum += grown
+            self.kv_used_tokens += grown
+            if (ctx >= s.finish[:n]).any():
+                self.finish_requests(now)
+        if chunks:
+            for entry, chunk in chunks:
+                entry[1] += chunk
+            if any(e[1] == e[2] for e, _ in chunks):
+                self.start_decoding(now)
+        if self.kv_used_tokens > record.peak_kv_tokens:
+            record.peak_kv_tokens = self.kv_used_tokens
 
     def apply_partial_verify(self, n, committed, plan) -> np.ndarray:
         """SpecPV bookkeeping; with rectify, full verification rolls back at the first disagreement."""
@@ -330,6 +347,7 @@ class EngineSimulation:
     def start_decoding(self, now: float) -> None:
         """Requests whose prefill completed produced their first token and join the decode slots."""
         still = []
+        one_token_output = False
         for entry in self.prefilling:
             rid, done, total = entry
             if done < total:
@@ -339,11 +357,17 @@ class EngineSimulation:
             if first_token:
                 self.record.first_token_s[rid] = now
             prompt = int(self.requests.prompt_tokens[rid])
+            output = int(self.requests.output_tokens[rid])
+            one_token_output |= self.generated[rid] + 1 >= output
             self.generated[rid] += 1
             self.kv_used_tokens += 1
             self.admitted += 1
-            self.slots.add(rid, total + 1, prompt + int(self.requests.output_tokens[rid]), self.admitted)
+            self.ctx_sum += total + 1
+            self.last_sum += 1
+            self.slots.add(rid, total + 1, prompt + output, self.admitted)
         self.prefilling = still
+        if one_token_output:   # done at prefill
+            self.finish_requests(now)
 
     def finish_requests(self, now: float) -> None:
         s = self.slots
@@ -352,6 +376,8 @@ class EngineSimulation:
             rid = int(s.rid[i])
             self.record.finish_s[rid] = now
             self.kv_used_tokens -= int(s.ctx[i]) + self.reserve_tokens
+            self.ctx_sum -= int(s.ctx[i])
+            self.last_sum -= int(s.last[i])
             s.remove(int(i))
             self.finished += 1
             if self.requests.closed_concurrency is not None:
@@ -363,7 +389,8 @@ class EngineSimulation:
         total = len(self.requests)
         shares = record.phase_s
         while self.finished < total:
-            self.admit_waiting()
+            if self.waiting:
+                self.admit_waiting()
             if self.slots.n == 0 and not self.prefilling:
                 if not self.waiting:
                     self.wake = self.env.event()
@@ -376,8 +403,9 @@ class EngineSimulation:
                 prompt = int(self.requests.prompt_tokens[rid] + self.generated[rid])
                 self.prefilling.append([rid, 0, prompt])
                 self.kv_used_tokens += prompt + self.reserve_tokens
-            self.make_room_for_step()
-            chunks = self.prefill_chunks()
+            if self.kv_used_tokens + self.slots.n * self.verify_tokens > self.memory.kv_capacity_tokens:
+                self.make_room_for_step()
+            chunks = self.prefill_chunks() if self.prefilling else ()
             step_s, plan = self.price_iteration(chunks, shares)
             yield self.env.timeout(step_s)
             record.step_s.append(step_s)

@@ -288,7 +288,7 @@ def resolve_hardware(value: str | dict) -> HardwareSpec:
         return base.with_overrides(**overrides)
     missing = [f for f, spec in HardwareSpec.__dataclass_fields__.items()
                if f not in value and spec.default is spec.default_factory]
-    missing = [f for f in missing if f not in ("host_memory_gb", "link_gb_s")]
+    missing = [f for f in missing if f not in ("name", "host_memory_gb", "link_gb_s")]
     if missing:
         raise ScenarioError(f"hardware.{missing[0]}", "missing (give a preset or every datasheet field)")
     _check_positive_numbers("hardware", value)

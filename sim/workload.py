@@ -69,12 +69,14 @@ def build_requests(scenario: Scenario) -> Requests:
             closed = min(workload.concurrency, n)
     requests = Requests(arrival.astype(float), prompt, output, closed)
     model = scenario.model_spec
-    need = prompt + output + scenario.speculation.verify_tokens - 1
+    drafted = scenario.speculation.verify_tokens - 1     # drafts in flight at the last step
+    need = prompt + output + drafted
     worst = int(np.argmax(need))
     if need[worst] > model.max_context:
+        parts = f"prompt {int(prompt[worst])} + output {int(output[worst])}" + (f" + {drafted} drafted" if drafted else "")
         raise ScenarioError("workload.prompt_tokens",
-                            f"request {worst} needs {int(need[worst])} tokens of context (prompt {int(prompt[worst])} "
-                            f"+ output {int(output[worst])}), beyond {model.name}'s maximum {model.max_context}")
+                            f"request {worst} needs {int(need[worst])} tokens of context ({parts}), "
+                            f"beyond {model.name}'s maximum {model.max_context}")
     return requests
 
 

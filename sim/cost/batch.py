@@ -23,7 +23,8 @@ class Group(NamedTuple):
     tokens: query tokens of the whole group (what the linear layers see).
     query_max: the largest query count of one request; while it is below the attention ridge, every
         request is memory-bound and the sums are exact.
-    query_tokens, kv_tokens: per-request arrays [n], or None when only the sums are known.
+    query_tokens, kv_tokens: per-request values [n] (numpy arrays, or lists for a few prefill
+        chunks), or None when only the sums are known.
     kv_tokens_sum: KV tokens read by the whole group, the new tokens included.
     logits_tokens: tokens whose logits the LM head computes.
     """

@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from sim.cost.batch import PARTIAL, TRANSFER, OVERHEAD, DRAFT, SELECTION, Group
+from sim.cost.batch import DRAFT, OVERHEAD, PARTIAL, SELECTION, TRANSFER, Group
 from sim.cost.stack import Stack
 from sim.scenario import Scenario
 
@@ -78,16 +78,27 @@ class _StackCost:
         if group.query_max <= self.query_ridge and kv_window is None:
             return (group.kv_tokens_sum * self.attn_bytes_per_kv
                     + group.tokens * self.attn_bytes_per_q) / self.bytes_s
-        q = group.query_tokens if group.query_tokens is not None else group.tokens / max(group.requests, 1)
-        kv = group.kv_tokens
-        if kv is None:
-            kv = np.full(group.requests, group.kv_tokens_sum / max(group.requests, 1))
+        n = max(group.requests, 1)
+        q = group.query_tokens if group.query_tokens is not None else group.tokens / n
+        kv = group.kv_tokens if group.kv_tokens is not None else np.full(n, group.kv_tokens_sum / n)
+        if isinstance(kv, (list, tuple)):     # a few prefill chunks: plain floats beat numpy
+            qs = q if isinstance(q, (list, tuple)) else [q] * len(kv)
+            return sum(self.request_attention_s(qi, ki) for qi, ki in zip(qs, kv))
         if kv_window is not None:
             kv = np.minimum(kv, kv_window)
         # Causal attention inside a chunk of q new tokens touches q * (kv - (q - 1) / 2) pairs.
         flops = self.attn_flops_per_q_kv * q * (kv - (np.asarray(q) - 1) / 2)
         bytes_ = kv * self.attn_bytes_per_kv + q * self.attn_bytes_per_q
         return float(np.maximum(flops / self.flops_s, bytes_ / self.bytes_s).sum())
+
+    def request_attention_s(self, query: float, kv: float) -> float:
+        """One request's attention in one layer: query tokens against kv tokens (the query's own
+        included), causal among the new tokens."""
+        if self.stack.kv_window is not None:
+            kv = min(kv, self.stack.kv_window)
+        compute = self.attn_flops_per_q_kv * query * (kv - (query - 1) / 2) / self.flops_s
+        memory = (kv * self.attn_bytes_per_kv + query * self.attn_bytes_per_q) / self.bytes_s
+        return compute if compute > memory else memory
 
 
 class RooflineCostModel:
@@ -105,6 +116,7 @@ class RooflineCostModel:
         self.interconnect_bytes_s = hw.interconnect_gb_s * 1e9
         self.overlap_transfer = scenario.offload.overlap
         self._stacks: dict[int, _StackCost] = {}
+        self._batch_terms: dict[tuple, tuple[float, float]] = {}
 
     def _cost_of(self, stack: Stack) -> _StackCost:
         cost = self._stacks.get(id(stack))
@@ -138,23 +150,18 @@ class RooflineCostModel:
             logits += g.logits_tokens
         if tokens == 0:
             return 0.0
-        layers = c.layers
-        shared = (layers * (c.linear_time_s(c.linears, tokens)
-                            + tokens * c.elementwise_bytes_per_token / c.bytes_s
-                            + 2 * self.allreduce_time_s(tokens * stack.hidden * self.act_bytes)
-                            + self.engine.layer_overhead_s)
-                  + c.linear_time_s(c.extra_linears, tokens) + self.engine.forward_overhead_s)
-        lm_head = c.linear_time_s([c.lm_head], logits) if c.lm_head is not None and logits else 0.0
+        shared, lm_head = self.batch_terms_s(c, tokens, logits)
         total = shared + lm_head
+        attends = stack.attention and c.layers
         kv_link_bytes = 0.0
         for g in groups:
             own = shared * g.tokens / tokens + (lm_head * g.logits_tokens / logits if logits else 0.0)
-            if stack.attention and layers:
-                attention = layers * c.attention_time_s(g)
+            if attends:
+                attention = c.layers * c.attention_time_s(g)
                 own += attention
                 total += attention
                 if kv_offloaded and g.phase != PARTIAL:
-                    kv_link_bytes += layers * g.kv_tokens_sum * c.attn_bytes_per_kv
+                    kv_link_bytes += c.layers * g.kv_tokens_sum * c.attn_bytes_per_kv
             shares[g.phase] += own * repeat
         transfer = (offloaded_layers * c.layer_weight_bytes + kv_link_bytes) / self.link_bytes_s
         if transfer:
@@ -162,6 +169,52 @@ class RooflineCostModel:
             shares[TRANSFER] += exposed * repeat
             total += exposed
         return total * repeat
+
+    def forward_uniform(self, stack: Stack, phase: int, requests: int, query: int, kv_tokens_sum: float,
+                        shares: list[float], *, tokens: int | None = None, logits_tokens: int | None = None,
+                        context: np.ndarray | None = None, kv_offset: float = 0, offloaded_layers: int = 0,
+                        kv_offloaded: bool = False, repeat: int = 1) -> float:
+        """`forward` over one group, without building it while attention is memory-bound: the hot
+        path of decode, verify and draft forwards.
+
+        query: each request's query tokens (the largest, when `tokens` gives a ragged total);
+        tokens: the group's query tokens, default requests x query; logits_tokens: default tokens.
+        context: per-request tokens [n], of which each request reads context + kv_offset; needed
+        only off the memory-bound path (long queries, a KV window, offloading)."""
+        if tokens is None:
+            tokens = requests * query
+        if logits_tokens is None:
+            logits_tokens = tokens
+        c = self._cost_of(stack)
+        if (query > c.query_ridge or stack.kv_window is not None or kv_offloaded
+                or offloaded_layers or not stack.attention):
+            kv = context + kv_offset if context is not None else None
+            group = Group(phase, requests, tokens, query, kv_tokens_sum, logits_tokens, None, kv)
+            return self.forward(stack, [group], shares, offloaded_layers=offloaded_layers,
+                                kv_offloaded=kv_offloaded, repeat=repeat)
+        shared, lm_head = self.batch_terms_s(c, tokens, logits_tokens)
+        attention = c.layers * (kv_tokens_sum * c.attn_bytes_per_kv + tokens * c.attn_bytes_per_q) / c.bytes_s
+        total = (shared + lm_head + attention) * repeat
+        shares[phase] += total
+        return total
+
+    def batch_terms_s(self, c: _StackCost, tokens: float, logits: float) -> tuple[float, float]:
+        """(shared, LM head) seconds of one forward of `tokens` query tokens, memoized: a serving
+        run meets the same batch sizes again and again."""
+        key = (id(c), tokens, logits)
+        terms = self._batch_terms.get(key)
+        if terms is None:
+            layers = c.layers
+            shared = (layers * (c.linear_time_s(c.linears, tokens)
+                                + tokens * c.elementwise_bytes_per_token / c.bytes_s
+                                + 2 * self.allreduce_time_s(tokens * c.stack.hidden * self.act_bytes)
+                                + self.engine.layer_overhead_s)
+                      + c.linear_time_s(c.extra_linears, tokens) + self.engine.forward_overhead_s)
+            lm_head = c.linear_time_s([c.lm_head], logits) if c.lm_head is not None and logits else 0.0
+            terms = (shared, lm_head)
+            if len(self._batch_terms) < 1 << 16:
+                self._batch_terms[key] = terms
+        return terms
 
     def selection(self, stack: Stack, requests: int, context_sum: int, query_tokens_sum: int,
                   budget_tokens: int, block_tokens: int, shares: list[float]) -> float:

@@ -1,0 +1,27 @@
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def tiny_config(tmp_path) -> Path:
+    """A one-layer Llama config small enough to price by hand."""
+    path = tmp_path / "tiny" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1, "hidden_size": 4,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 2, "intermediate_size": 8,
+        "vocab_size": 10, "tie_word_embeddings": True, "max_position_embeddings": 4096}))
+    return path
+
+
+# A machine whose roofline is easy to do by hand: 1e12 FLOP/s, 1e9 B/s, no overheads.
+UNIT_HARDWARE = {"memory_gb": 100, "hbm_gb_s": 1, "bf16_tflops": 1, "fp16_tflops": 1,
+                 "fp32_tflops": 1, "pcie_gen": 4, "pcie_lanes": 16, "interconnect_gb_s": 1,
+                 "interconnect": "test", "link_gb_s": 0.5}
+UNIT_ENGINE = {"preset": "vllm", "mem_efficiency": 1.0, "compute_efficiency": 1.0, "step_overhead_s": 0.0,
+               "request_overhead_s": 0.0, "forward_overhead_s": 0.0, "layer_overhead_s": 0.0,
+               "ngram_lookup_s": 0.0, "link_efficiency": 1.0}

@@ -1,0 +1,88 @@
+"""Bad input: one line naming the field and the reason, exit code 2, no traceback, nothing written."""
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import REPO
+
+BASE = {"hardware": "h100-sxm", "model": "llama-3.1-8b",
+        "workload": {"concurrency": 2, "requests": 4, "prompt_tokens": 64, "output_tokens": 32},
+        "speculation": {"method": "eagle", "acceptance": {"rate": 0.7}}}
+
+
+def with_changes(**changes):
+    scenario = yaml.safe_load(yaml.safe_dump(BASE))
+    for dotted, value in changes.items():
+        node = scenario
+        *parents, leaf = dotted.split("__")
+        for key in parents:
+            node = node.setdefault(key, {})
+        if value is DELETE:
+            node.pop(leaf)
+        else:
+            node[leaf] = value
+    return scenario
+
+
+DELETE = object()
+
+CASES = [
+    ("unknown field", with_changes(speculation__draft_tokens=3), "speculation.draft_tokens: unknown field"),
+    ("unknown top-level field", with_changes(gpu="h100"), "gpu: unknown field"),
+    ("unknown hardware preset", with_changes(hardware="h300"), "hardware: unknown preset 'h300'"),
+    ("unknown model preset", with_changes(model="llama-9-1t"), "model: unknown preset 'llama-9-1t'"),
+    ("unknown engine preset", with_changes(engine="trt"), "engine: unknown preset 'trt'"),
+    ("unknown method", with_changes(speculation__method="lookahead"), "speculation.method:"),
+    ("zero requests", with_changes(workload__requests=0), "workload.requests: input should be greater than 0"),
+    ("negative concurrency", with_changes(workload__concurrency=-4), "workload.concurrency: input should be greater than 0"),
+    ("zero k", with_changes(speculation__num_speculative_tokens=0), "speculation.num_speculative_tokens:"),
+    ("budget off block", with_changes(speculation__partial_verify={"budget": 1000}),
+     "speculation.partial_verify: budget 1000 is not a multiple of block 16"),
+    ("context beyond maximum", with_changes(model="llama-2-7b", workload__prompt_tokens=4000, workload__output_tokens=200),
+     "workload.prompt_tokens: request 0 needs 4203 tokens of context (prompt 4000 + output 200 + 3 drafted)"),
+    ("memory too small", with_changes(hardware={"preset": "rtx-4060-ti-8g", "memory_gb": 1}, offload={"weights": 0.0}),
+     "hardware.memory_gb: 1 GB"),
+    ("both acceptance forms", with_changes(speculation__acceptance={"rate": 0.7, "tokens_per_step": 2.0}),
+     "speculation.acceptance: give exactly one of tokens_per_step, rate, per_position, trace (got tokens_per_step, rate)"),
+    ("no acceptance form", with_changes(speculation__acceptance={}),
+     "speculation.acceptance: give exactly one of tokens_per_step, rate, per_position, trace (got none)"),
+    ("speculation without acceptance", with_changes(speculation__acceptance=DELETE),
+     "speculation: method eagle needs acceptance"),
+    ("rate out of range", with_changes(speculation__acceptance={"rate": 1.5}), "speculation.acceptance.rate:"),
+    ("poisson without rate", with_changes(workload__arrival="poisson"), "workload: arrival poisson needs rate_qps"),
+    ("tokens per step above k+1", with_changes(speculation__acceptance={"tokens_per_step": 9}),
+     "speculation: acceptance.tokens_per_step 9.0 exceeds the 4 a step can commit"),
+    ("missing trace file", with_changes(speculation__acceptance={"trace": "no/such.csv"}),
+     "speculation.acceptance.trace: no such file"),
+]
+
+
+@pytest.mark.parametrize("name,scenario,message", CASES, ids=[c[0] for c in CASES])
+def test_bad_scenario_is_one_line_naming_the_field(tmp_path, name, scenario, message):
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump(scenario))
+    out = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, "-m", "sim", "run", str(path), "--out", str(out)],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: " + message), lines[0]
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == [path]
+
+
+def test_missing_and_malformed_scenario_files(tmp_path):
+    for text, message in ((None, "cannot read"), ("a: [1, 2", "is not valid YAML"), ("- 1\n- 2\n", "must hold a mapping")):
+        path = tmp_path / "bad.yaml"
+        if text is None:
+            path = tmp_path / "absent.yaml"
+        else:
+            path.write_text(text)
+        proc = subprocess.run([sys.executable, "-m", "sim", "run", str(path)], capture_output=True, text=True, cwd=REPO)
+        assert proc.returncode == 2
+        assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr

@@ -1,0 +1,120 @@
+"""The roofline cost model on cases priced by hand."""
+import pytest
+
+from conftest import UNIT_ENGINE, UNIT_HARDWARE
+from sim.cost.batch import DECODE, PARTIAL, PHASES, PREFILL, TRANSFER, VERIFY, FULL, Group, uniform_group
+from sim.cost.roofline import ALLREDUCE_LATENCY_S, RooflineCostModel
+from sim.cost.stack import build_stacks
+from sim.scenario import load_scenario
+
+
+def unit_scenario(tiny_config, **fields):
+    return load_scenario({"hardware": UNIT_HARDWARE, "engine": UNIT_ENGINE, "model": str(tiny_config),
+                          "workload": {"concurrency": 1, "requests": 1, "prompt_tokens": 8,
+                                       "output_tokens": 8}, **fields})
+
+
+def shares():
+    return [0.0] * len(PHASES)
+
+
+def test_decode_of_one_token_is_every_byte_over_bandwidth(tiny_config):
+    # Tiny model: hidden 4, 2 query heads and 1 KV head of dim 2, FFN 8, vocab 10, bf16.
+    scenario = unit_scenario(tiny_config)
+    cost = RooflineCostModel(scenario)
+    target = build_stacks(scenario).target
+    # Linears (in x out): qkv 4x8, o 4x4, gate_up 4x16, down 8x4. At one token each is memory-bound:
+    # weights in*out*2 bytes plus activations (in+out)*2 bytes.
+    linears = (32 * 2 + 12 * 2) + (16 * 2 + 8 * 2) + (64 * 2 + 20 * 2) + (32 * 2 + 12 * 2)
+    # Elementwise: 2 bytes x (10 x 4 hidden + 2 x (2 + 1) heads x 2 dim + 3 x 8 ffn).
+    elementwise = 2 * (10 * 4 + 2 * 3 * 2 + 3 * 8)
+    # Attention of 1 query over 100 KV tokens: K and V of 1 head x dim 2 (8 bytes per token),
+    # plus q read and out written (2 heads x 2 dims x 2 bytes x 2) = 16 bytes.
+    attention = 100 * 8 + 16
+    # Tied LM head 4 x 10 at one token: 40 * 2 weights + 14 * 2 activations.
+    lm_head = 40 * 2 + 14 * 2
+    expected_s = (linears + elementwise + attention + lm_head) / 1e9
+    s = shares()
+    got = cost.forward(target, [uniform_group(DECODE, 1, 1, 100)], s)
+    assert got == pytest.approx(expected_s, rel=1e-12)
+    assert s[DECODE] == pytest.approx(expected_s, rel=1e-12)
+
+
+def test_prefill_prices_each_operator_on_its_own_roofline(tiny_config):
+    scenario = unit_scenario(tiny_config)
+    cost = RooflineCostModel(scenario)
+    target = build_stacks(scenario).target
+    T = 100_000
+    roof = lambda flops, bytes_: max(flops / 1e12, bytes_ / 1e9)
+    # Linears at T tokens: 2 T in out FLOPs against weights + T (in + out) activations, 2 bytes each.
+    linears = sum(roof(2 * T * i * o, 2 * i * o + 2 * T * (i + o)) for i, o in ((4, 8), (4, 4), (4, 16), (8, 4)))
+    elementwise = T * 2 * (10 * 4 + 2 * 3 * 2 + 3 * 8) / 1e9
+    # Causal attention of T new tokens: 16 FLOPs per (q, kv) pair over T (T - (T-1)/2) pairs against
+    # T tokens of K+V (8 bytes) and q/out (8 bytes): compute-bound at this length.
+    attention = roof(16 * T * (T - (T - 1) / 2), T * 8 + T * 8)
+    lm_head = roof(2 * 40, 40 * 2 + 14 * 2)         # logits of the last token only
+    s = shares()
+    got = cost.forward(target, [Group(PREFILL, 1, T, T, T, 1, [T], [T])], s)
+    assert attention == 16 * T * (T - (T - 1) / 2) / 1e12   # the case is compute-bound
+    assert got == pytest.approx(linears + elementwise + attention + lm_head, rel=1e-12)
+    assert s[PREFILL] == pytest.approx(got, rel=1e-12)
+
+
+def test_tensor_parallel_halves_weights_and_adds_two_allreduces_per_layer(tiny_config):
+    one = unit_scenario(tiny_config)
+    two = unit_scenario(tiny_config, tensor_parallel=2)
+    t1 = RooflineCostModel(one).forward(build_stacks(one).target, [uniform_group(DECODE, 1, 1, 0)], shares())
+    stacks2 = build_stacks(two)
+    cost2 = RooflineCostModel(two)
+    t2 = cost2.forward(stacks2.target, [uniform_group(DECODE, 1, 1, 0)], shares())
+    # Ring all-reduce of 4 hidden x 2 bytes over 1 GB/s: latency + 2 (tp-1)/tp x 8 bytes / 1e9.
+    allreduce_s = ALLREDUCE_LATENCY_S + 8 / 1e9
+    assert t2 > 2 * allreduce_s
+    assert t2 - 2 * allreduce_s < t1
+
+
+def test_partial_verification_reads_only_its_budget(tiny_config):
+    scenario = unit_scenario(tiny_config)
+    cost = RooflineCostModel(scenario)
+    target = build_stacks(scenario).target
+    full = cost.forward(target, [uniform_group(VERIFY, 4, 4, 4 * 50_000)], shares())
+    partial = cost.forward(target, [uniform_group(PARTIAL, 4, 4, 4 * 2_000)], shares())
+    # The difference is exactly the KV bytes not read: 8 bytes per token per request.
+    assert full - partial == pytest.approx(4 * 48_000 * 8 / 1e9, rel=1e-9)
+
+
+def test_offloaded_weights_stream_once_per_forward_and_overlap_with_compute(tiny_config):
+    layer_bytes = 2 * (32 + 16 + 64 + 32)   # 288 bytes
+    group = [uniform_group(DECODE, 1, 1, 10)]
+    no_overlap = unit_scenario(tiny_config, offload={"weights": 1.0, "overlap": False})
+    stack = build_stacks(no_overlap).target
+    base = RooflineCostModel(no_overlap).forward(stack, group, shares())
+    s = shares()
+    streamed = RooflineCostModel(no_overlap).forward(stack, group, s, offloaded_layers=1)
+    assert streamed - base == pytest.approx(layer_bytes / 0.5e9, rel=1e-9)
+    assert s[TRANSFER] == pytest.approx(layer_bytes / 0.5e9, rel=1e-9)
+    overlap = unit_scenario(tiny_config, offload={"weights": 1.0, "overlap": True})
+    overlapped = RooflineCostModel(overlap).forward(stack, group, shares(), offloaded_layers=1)
+    assert overlapped == pytest.approx(max(base, layer_bytes / 0.5e9), rel=1e-9)
+
+
+def test_selection_reads_summaries_and_gathers_the_budget(tiny_config):
+    scenario = unit_scenario(tiny_config)
+    cost = RooflineCostModel(scenario)
+    target = build_stacks(scenario).target
+    s = shares()
+    seconds = cost.selection(target, requests=1, context_sum=1600, query_tokens_sum=4, budget_tokens=320,
+                             block_tokens=16, shares=s)
+    # 100 blocks x (k_max + k_min) x 8 bytes of KV per token (K side counted as the K+V token size)
+    # plus K and V of 320 selected tokens read and written.
+    expected_bytes = 2 * 100 * 8 + 2 * 320 * 8
+    assert seconds == pytest.approx(expected_bytes / 1e9, rel=1e-9)
+
+
+def test_full_verify_group_pays_for_refed_tokens(tiny_config):
+    scenario = unit_scenario(tiny_config)
+    cost = RooflineCostModel(scenario)
+    target = build_stacks(scenario).target
+    plain = cost.forward(target, [uniform_group(VERIFY, 1, 4, 1000)], shares())
+    refeed = cost.forward(target, [Group(FULL, 1, 24, 24, 1000, 24)], shares())
+    assert refeed > plain

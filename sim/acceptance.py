@@ -108,7 +108,7 @@ class SurvivalAcceptance(AcceptanceModel):
         self.context_slope = context_slope
         self.rng = rng
         mean = float(self.rates.mean())
-        if request_spread > 0:
+        if request_spread > 1e-6:   # below that the Beta is a point mass (and overflows)
             # Beta with the rates' mean and the given std; each request shifts every position by it.
             nu = mean * (1 - mean) / request_spread ** 2 - 1
             per_request = rng.beta(mean * nu, (1 - mean) * nu, requests)

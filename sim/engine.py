@@ -47,6 +47,8 @@ class RunRecord:
     partial_accepted_tokens: int = 0       # SpecPV: tokens accepted under partial verification
     divergent_tokens: float = 0.0          # expected tokens that differ from full verification
     rolled_back_tokens: int = 0            # SpecPV rectify: tokens discarded at a full verification
+    partial_steps: int = 0                 # SpecPV: request-steps verified against the partial KV
+    full_verifications: int = 0            # SpecPV: request-steps verified against the full KV
     preemptions: int = 0
     iterations: int = 0
 
@@ -247,7 +249,8 @@ class EngineSimulation:
         return seconds
 
     def plan_partial_verify(self, n, ctx, groups, plan, shares) -> float:
-        """SpecPV: split decoding requests into full-attention, partial and full-refresh groups."""
+        """SpecPV: split decoding requests into full-attention, partial and full-refresh groups
+        (appended to `groups` for the target forward); returns the block re-selection's seconds."""
         pv, s, V = self.partial, self.slots, self.verify_tokens
         eligible = ctx > pv.static_tokens
         period_reached = (s.since[:n] if pv.period_unit == "tokens" else s.steps_since[:n]) >= pv.period
@@ -270,8 +273,7 @@ class EngineSimulation:
             groups.append(Group(FULL, len(q), int(q.sum()), int(q.max()), int(kv.sum()), int(q.sum()), q, kv))
             seconds += self.cost.selection(self.stacks.target, len(q), int(kv.sum()), int(q.sum()),
                                            pv.budget, pv.block, shares)
-        return seconds + self.cost.forward(self.stacks.target, groups, shares,
-                                           offloaded_layers=self.offloaded_layers, kv_offloaded=self.kv_offloaded)
+        return seconds
 
     def commit(self, chunks, plan) -> None:
         """Apply the iteration's outcome at its end time: prefill progress, accepted tokens, finishes."""
@@ -317,28 +319,29 @@ class EngineSimulation:
         if partial.any():
             taken = committed[partial]
             record.partial_accepted_tokens += int(taken.sum())
-            p = disagreement_probability(pv.disagreement, pv.budget, pv.static_tokens, ctx[partial])
-            record.divergent_tokens += float((p * taken).sum())
+            record.partial_steps += len(taken)
+            if not pv.rectify:   # final as accepted: each may differ from what full attention picks
+                p = disagreement_probability(pv.disagreement, pv.budget, pv.static_tokens, ctx[partial])
+                record.divergent_tokens += float((p * taken).sum())
             s.since[:n][partial] += taken
             s.steps_since[:n][partial] += 1
         if full.any():
+            record.full_verifications += int(full.sum())
             if pv.rectify:
                 since = s.since[:n][full]
                 p = disagreement_probability(pv.disagreement, pv.budget, pv.static_tokens, ctx[full])
+                # Index of the first disagreeing token in the buffer: geometric with parameter p.
                 u = 1.0 - self.rng.random(len(since))
                 with np.errstate(divide="ignore"):
-                    first_bad = np.where(p > 0, np.floor(np.log(u) / np.log1p(-np.minimum(p, 1 - 1e-12))),
-                                         np.iinfo(_INT).max)
+                    first_bad = np.floor(np.log(u) / np.log1p(-np.minimum(p, 1 - 1e-12)))
                 bad = first_bad < since
                 if bad.any():
                     # Keep the tokens before the disagreement, replace it by the target's token and
                     # discard the rest of the buffer together with this step's drafts.
-                    rollback = np.where(bad, since - first_bad.astype(_INT), 0)
-                    full_committed = np.where(bad, 1 - rollback, committed[full])
+                    rollback = np.where(bad, since - np.minimum(first_bad, since).astype(_INT), 0)
                     committed = committed.copy()
-                    committed[full] = full_committed
+                    committed[full] = np.where(bad, 1 - rollback, committed[full])
                     record.rolled_back_tokens += int(rollback.sum())
-                    record.divergent_tokens -= float(bad.sum())  # fixed before the output is final
             s.since[:n][full] = 0
             s.steps_since[:n][full] = 0
             s.selected[:n][full] = True
@@ -372,6 +375,12 @@ class EngineSimulation:
     def finish_requests(self, now: float) -> None:
         s = self.slots
         done = np.flatnonzero(s.ctx[:s.n] >= s.finish[:s.n])
+        pv = self.partial
+        if pv is not None and pv.rectify:
+            # Tokens accepted since the last full verification were never re-checked.
+            unchecked = s.since[done]
+            p = disagreement_probability(pv.disagreement, pv.budget, pv.static_tokens, s.ctx[done])
+            self.record.divergent_tokens += float((p * unchecked).sum())
         for i in done[::-1]:
             rid = int(s.rid[i])
             self.record.finish_s[rid] = now

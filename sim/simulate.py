@@ -56,6 +56,7 @@ def simulate(scenario: Scenario | dict | str | Path) -> Result:
         "weights_resident_gb": memory.weight_bytes_resident / GB,
         "kv_capacity_tokens": memory.kv_capacity_tokens,
         "baseline_kv_capacity_tokens": base_memory.kv_capacity_tokens,
+        "peak_kv_tokens": record.peak_kv_tokens, "baseline_peak_kv_tokens": base_record.peak_kv_tokens,
         "peak_kv_gb": kv_gb(memory, record), "baseline_peak_kv_gb": kv_gb(base_memory, base_record),
     }
     partial_info = None
@@ -65,6 +66,8 @@ def simulate(scenario: Scenario | dict | str | Path) -> Result:
             "divergent_tokens": record.divergent_tokens,
             "divergence_rate": record.divergent_tokens / max(int(requests.output_tokens.sum()), 1),
             "rolled_back_tokens": record.rolled_back_tokens,
+            "partial_steps": record.partial_steps,
+            "full_verifications": record.full_verifications,
         }
     speculative = runs["speculative"][1] if "speculative" in runs else None
     return Result(scenario, speculative, runs["baseline"][1], memory_info, partial_info,

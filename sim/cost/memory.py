@@ -36,8 +36,9 @@ def plan_memory(scenario: Scenario, stacks: Stacks, max_request_tokens: int, con
     """Place the weights and size the KV cache for one configuration of a scenario.
 
     max_request_tokens: the longest request's prompt + output (+ one verification's tokens).
-    concurrency_hint: how many requests run at once in this workload; `offload.weights: auto` keeps
-    resident as many layers as fit beside that many of the longest requests' KV.
+    concurrency_hint: how many requests run at once in this workload; when the weights must be
+    offloaded, `offload.weights: auto` keeps resident as many layers as fit beside that many of the
+    longest requests' KV.
     """
     model = scenario.model_spec
     tp = scenario.tensor_parallel
@@ -63,8 +64,8 @@ def plan_memory(scenario: Scenario, stacks: Stacks, max_request_tokens: int, con
         partial_tokens = pv.static_tokens + buffer + spec.verify_tokens
     one_request_bytes = (max_request_tokens + partial_tokens) * kv_per_token
 
-    offloaded = _offloaded_layers(scenario, budget, fixed, layer_bytes,
-                                  concurrency_hint * one_request_bytes, model.layers)
+    offloaded = _offloaded_layers(scenario, budget, fixed, layer_bytes, concurrency_hint * one_request_bytes,
+                                  one_request_bytes, model.layers)
     resident = model.layers - offloaded
     free_device = budget - fixed - resident * layer_bytes
     if scenario.offload.kv:
@@ -85,7 +86,13 @@ def plan_memory(scenario: Scenario, stacks: Stacks, max_request_tokens: int, con
 
 
 def _offloaded_layers(scenario: Scenario, budget: float, fixed: float, layer_bytes: float,
-                      kv_reserve: float, layers: int) -> int:
+                      kv_reserve: float, one_request_kv: float, layers: int) -> int:
+    """Target layers whose weights live on the host.
+
+    auto: none while all weights fit beside one request's KV (the scheduler then runs as large a
+    batch as the remaining KV allows, as vLLM does); otherwise keep resident as many layers as fit
+    beside the KV of the workload's concurrency (SubSpec's consumer-GPU setting).
+    """
     weights = scenario.offload.weights
     if isinstance(weights, dict):
         if weights["layers"] > layers:
@@ -93,7 +100,10 @@ def _offloaded_layers(scenario: Scenario, budget: float, fixed: float, layer_byt
         return weights["layers"]
     if isinstance(weights, float | int) and not isinstance(weights, bool):
         return round(weights * layers)
-    kv_on_device = 0.0 if scenario.offload.kv else kv_reserve
+    kv_on_device = 0.0 if scenario.offload.kv else one_request_kv
+    if fixed + layers * layer_bytes + kv_on_device <= budget:
+        return 0
+    kv_on_device = 0.0 if scenario.offload.kv else max(kv_reserve, one_request_kv)
     fit = math.floor(max(0.0, budget - fixed - kv_on_device) / layer_bytes)
     return layers - min(layers, fit)
 

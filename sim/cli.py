@@ -1,23 +1,44 @@
-"""`python -m sim run SCENARIO [--json] [--out FILE]`."""
+"""python -m sim run SCENARIO [--set FIELD=VALUE ...] [--vary FIELD=V1,V2,...] [--json] [--out FILE]
+
+Simulates a scenario with its speculation and without (the baseline), on the same requests and seed.
+--set overrides one field (dotted path, YAML value); --vary runs the scenario once per value and
+prints one row each.
+"""
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
 import tempfile
 from pathlib import Path
 
+import yaml
+
 from sim.errors import ScenarioError
+from sim.scenario import load_scenario
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Usage mistakes are bad input too: one line, exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see python -m sim {self.prog.split()[-1]} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m sim", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = OneLineParser(prog="python -m sim", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     run = commands.add_parser("run", help="simulate one scenario and its no-speculation baseline")
     run.add_argument("scenario", type=Path, help="scenario YAML (docs/scenario.md)")
-    run.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
-    run.add_argument("--out", type=Path, help="also write the JSON object to this file")
+    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                     help="override a field, e.g. workload.concurrency=64 (repeatable)")
+    run.add_argument("--vary", metavar="FIELD=V1,V2,...",
+                     help="run once per value of one field and print a row per run")
+    run.add_argument("--json", action="store_true", help="print JSON instead of a summary")
+    run.add_argument("--out", type=Path, help="also write the JSON to this file")
     return parser
 
 
@@ -33,17 +54,63 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_command(args) -> int:
+    from sim.scenario import read_mapping
     from sim.simulate import simulate
 
-    result = simulate(args.scenario)
-    payload = result.to_dict()
+    mapping = read_mapping(args.scenario)
+    for override in args.overrides:
+        set_field(mapping, *split_assignment(override, "--set"))
+    if args.vary is None:
+        result = simulate(mapping)
+        payload = result.to_dict()
+        text = format_summary(result)
+    else:
+        field, values = split_assignment(args.vary, "--vary")
+        values = [parse_value(v) for v in values.split(",")]
+        results = []
+        for value in values:   # validate every point before running any
+            point = copy.deepcopy(mapping)
+            set_field(point, field, value)
+            results.append(point)
+        for point in results:
+            load_scenario(point)
+        results = [simulate(point) for point in results]
+        payload = [{"field": field, "value": v, **r.to_dict()} for v, r in zip(values, results)]
+        text = format_rows(field, values, results)
     if args.out is not None:
         write_atomic(args.out, json.dumps(payload, indent=2) + "\n")
-    if args.json:
-        print(json.dumps(payload))
-    else:
-        print(format_summary(result))
+    print(json.dumps(payload) if args.json else text)
     return 0
+
+
+def split_assignment(text: str, flag: str) -> tuple[str, str]:
+    field, sep, value = text.partition("=")
+    if not sep or not field:
+        raise ScenarioError(flag, f"expected FIELD=VALUE, got {text!r}")
+    return field, value
+
+
+def parse_value(text: str):
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def set_field(mapping: dict, dotted: str, value) -> None:
+    """Set a dotted field in a scenario mapping; a string value is read as YAML (numbers, lists)."""
+    node = mapping
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        child = node.get(key)
+        if child is None or isinstance(child, str) and key in ("hardware", "engine"):
+            # `hardware: h100-sxm` refined by `--set hardware.memory_gb=40` becomes a preset mapping.
+            child = {"preset": child} if isinstance(child, str) else {}
+            node[key] = child
+        if not isinstance(child, dict):
+            raise ScenarioError(dotted, f"{key} is not a mapping")
+        node = child
+    node[leaf] = parse_value(value) if isinstance(value, str) else value
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -90,3 +157,14 @@ def format_summary(result) -> str:
         lines.append(f"  partial verify  {pv['divergence_rate']:.4%} of output tokens diverge from full "
                      f"verification; {pv['rolled_back_tokens']} rolled back")
     return "\n".join(lines)
+
+
+def format_rows(field: str, values: list, results: list) -> str:
+    header = (f"{field:>24} {'tok/s':>10} {'baseline':>10} {'speedup':>8} {'decode':>8} {'tok/step':>8} "
+              f"{'TPOT p50':>9} {'TTFT p50':>9}")
+    rows = [header]
+    for value, r in zip(values, results):
+        rows.append(f"{str(value):>24} {r.throughput_tok_s:10.1f} {r.baseline.throughput_tok_s:10.1f} "
+                    f"{r.speedup:8.3f} {r.decode_speedup:8.3f} {r.run.tokens_per_step:8.3f} "
+                    f"{r.run.tpot_ms['p50']:9.2f} {r.run.ttft_ms['p50']:9.2f}")
+    return "\n".join(rows)

@@ -345,7 +345,7 @@ def load_scenario(source: "Scenario | dict | str | Path") -> Scenario:
     if isinstance(source, Scenario):
         scenario = source
     else:
-        mapping = _read_mapping(source) if isinstance(source, (str, Path)) else source
+        mapping = read_mapping(source) if isinstance(source, (str, Path)) else source
         try:
             scenario = Scenario.model_validate(mapping)
         except ValidationError as exc:
@@ -354,7 +354,8 @@ def load_scenario(source: "Scenario | dict | str | Path") -> Scenario:
     return scenario
 
 
-def _read_mapping(path: str | Path) -> dict:
+def read_mapping(path: str | Path) -> dict:
+    """The scenario file's mapping, unvalidated; ScenarioError when it cannot be read as one."""
     path = Path(path)
     try:
         text = path.read_text()

@@ -63,25 +63,30 @@ class ConstantAcceptance(AcceptanceModel):
 
 class GeometricAcceptance(AcceptanceModel):
     """i.i.d. acceptance with one rate for all: draws come from a pre-drawn pool (the hot path)."""
-    POOL = 1 << 16
+    FIRST_POOL = 4096
+    MAX_POOL = 1 << 16
 
     def __init__(self, rate: float, depth: int, rng: np.random.Generator):
         self.depth = depth
         self.rate = rate
         self.rng = rng
         self._pool = np.empty(0, dtype=np.int64)
+        self._cumsum = np.zeros(1, dtype=np.int64)
         self._next = 0
+        self._size = self.FIRST_POOL
 
     def _refill(self, need: int) -> None:
-        u = 1.0 - self.rng.random(max(self.POOL, need))   # (0, 1]
+        size = max(self._size, need)
+        self._size = min(2 * self._size, self.MAX_POOL)    # grow with demand, bounded
+        u = 1.0 - self.rng.random(size)   # (0, 1]
         if self.rate <= 0.0:
-            pool = np.zeros(len(u), dtype=np.int64)
+            pool = np.zeros(size, dtype=np.int64)
         else:
             pool = np.minimum(np.floor(np.log(u) / np.log(self.rate)), self.depth).astype(np.int64)
         pool += 1
         self._pool = np.concatenate([self._pool[self._next:], pool])
-        # Running sums make a draw's total two list lookups instead of a reduction.
-        self._cumsum = np.concatenate([[0], np.cumsum(self._pool)]).tolist()
+        # Running sums make a draw's total one subtraction instead of a reduction.
+        self._cumsum = np.concatenate([[0], np.cumsum(self._pool)])
         self._next = 0
 
     def draw(self, rids, steps, context):
@@ -90,7 +95,7 @@ class GeometricAcceptance(AcceptanceModel):
             self._refill(n)
         start = self._next
         self._next = start + n
-        return self._pool[start:start + n], self._cumsum[start + n] - self._cumsum[start]
+        return self._pool[start:start + n], int(self._cumsum[start + n] - self._cumsum[start])
 
     def mean_tokens_per_step(self) -> float:
         a, k = self.rate, self.depth

@@ -54,36 +54,31 @@ class RunRecord:
 
 
 class _DecodeSlots:
-    """Per-request state of decoding requests, compact in slots 0..n-1."""
+    """Per-request state of decoding requests, compact in slots 0..n-1.
+
+    Every field is a row of one [fields, capacity] array, so adding or removing a request is one
+    numpy assignment whatever the number of fields.
+    """
     FIELDS = ("rid", "ctx", "finish", "steps", "last", "since", "steps_since", "selected", "admit")
+    # rid: request id; ctx: tokens with positions (prompt + committed output); finish: ctx at which
+    # the request is done; steps: verification steps taken; last: tokens the previous step
+    # committed; since / steps_since: SpecPV tokens and partial steps since the last refresh;
+    # selected: SpecPV partial cache holds a selection (0/1); admit: admission order (preemption).
 
     def __init__(self, capacity: int):
         self.n = 0
-        self.rid = np.zeros(capacity, _INT)
-        self.ctx = np.zeros(capacity, _INT)          # tokens with positions: prompt + committed output
-        self.finish = np.zeros(capacity, _INT)       # ctx at which the request is done
-        self.steps = np.zeros(capacity, _INT)        # verification steps taken
-        self.last = np.ones(capacity, _INT)          # tokens committed by the previous step
-        self.since = np.zeros(capacity, _INT)        # SpecPV: tokens accepted since the last refresh
-        self.steps_since = np.zeros(capacity, _INT)  # SpecPV: partial steps since the last refresh
-        self.selected = np.zeros(capacity, bool)     # SpecPV: partial cache holds a selection
-        self.admit = np.zeros(capacity, _INT)        # admission order, for preemption
+        self.state = np.zeros((len(self.FIELDS), capacity), _INT)
+        for row, name in enumerate(self.FIELDS):
+            setattr(self, name, self.state[row])
 
     def add(self, rid: int, ctx: int, finish: int, admit: int) -> None:
-        i = self.n
-        self.rid[i], self.ctx[i], self.finish[i], self.admit[i] = rid, ctx, finish, admit
-        self.steps[i] = self.since[i] = self.steps_since[i] = 0
-        self.last[i] = 1
-        self.selected[i] = False
-        self.n = i + 1
+        self.state[:, self.n] = (rid, ctx, finish, 0, 1, 0, 0, 0, admit)
+        self.n += 1
 
     def remove(self, i: int) -> None:
-        last = self.n - 1
-        if i != last:
-            for name in self.FIELDS:
-                array = getattr(self, name)
-                array[i] = array[last]
-        self.n = last
+        self.n -= 1
+        if i != self.n:
+            self.state[:, i] = self.state[:, self.n]
 
 
 class EngineSimulation:
@@ -112,6 +107,7 @@ class EngineSimulation:
         self.track_steps = self.speculative and acceptance.uses_steps
         self.track_last = self.speculative and stacks.draft_owns_kv
         self.context_for_draw = self.speculative and acceptance.uses_context
+        self.target_needs_kv = cost.needs_kv_tokens(stacks.target, self.verify_tokens)
 
         n = len(requests)
         self.record = RunRecord(first_token_s=np.full(n, np.nan), finish_s=np.full(n, np.nan),
@@ -221,7 +217,8 @@ class EngineSimulation:
                 return seconds + cost.forward_uniform(
                     stacks.target, phase, n, V, ctx_sum + n * (V - 1), shares, context=ctx, kv_offset=V - 1,
                     offloaded_layers=self.offloaded_layers, kv_offloaded=self.kv_offloaded), plan
-            groups = [prefill, uniform_group(phase, n, V, ctx_sum + n * (V - 1), kv_tokens=ctx + (V - 1))]
+            kv = ctx + (V - 1) if self.target_needs_kv else None
+            groups = [prefill, uniform_group(phase, n, V, ctx_sum + n * (V - 1), kv_tokens=kv)]
         seconds += cost.forward(stacks.target, groups, shares, offloaded_layers=self.offloaded_layers,
                                 kv_offloaded=self.kv_offloaded)
         return seconds, plan
@@ -254,7 +251,7 @@ class EngineSimulation:
         pv, s, V = self.partial, self.slots, self.verify_tokens
         eligible = ctx > pv.static_tokens
         period_reached = (s.since[:n] if pv.period_unit == "tokens" else s.steps_since[:n]) >= pv.period
-        full = eligible & (period_reached | ~s.selected[:n])
+        full = eligible & (period_reached | (s.selected[:n] == 0))
         partial = eligible & ~full
         plain = ~eligible
         plan["full"], plan["partial"] = full, partial
@@ -344,7 +341,7 @@ class EngineSimulation:
                     record.rolled_back_tokens += int(rollback.sum())
             s.since[:n][full] = 0
             s.steps_since[:n][full] = 0
-            s.selected[:n][full] = True
+            s.selected[:n][full] = 1
         return committed
 
     def start_decoding(self, now: float) -> None:
@@ -373,24 +370,28 @@ class EngineSimulation:
             self.finish_requests(now)
 
     def finish_requests(self, now: float) -> None:
-        s = self.slots
+        s, record = self.slots, self.record
         done = np.flatnonzero(s.ctx[:s.n] >= s.finish[:s.n])
         pv = self.partial
         if pv is not None and pv.rectify:
             # Tokens accepted since the last full verification were never re-checked.
             unchecked = s.since[done]
             p = disagreement_probability(pv.disagreement, pv.budget, pv.static_tokens, s.ctx[done])
-            self.record.divergent_tokens += float((p * unchecked).sum())
-        for i in done[::-1]:
-            rid = int(s.rid[i])
-            self.record.finish_s[rid] = now
-            self.kv_used_tokens -= int(s.ctx[i]) + self.reserve_tokens
-            self.ctx_sum -= int(s.ctx[i])
-            self.last_sum -= int(s.last[i])
-            s.remove(int(i))
+            record.divergent_tokens += float((p * unchecked).sum())
+        closed = self.requests.closed_concurrency is not None
+        for i in done[::-1].tolist():
+            rid, ctx, last = s.rid[i], s.ctx[i], s.last[i]
+            record.finish_s[rid] = now
+            self.kv_used_tokens -= ctx + self.reserve_tokens
+            self.ctx_sum -= ctx
+            self.last_sum -= last
+            s.remove(i)
             self.finished += 1
-            if self.requests.closed_concurrency is not None:
+            if closed:
                 self.arrive_next_closed()
+        self.kv_used_tokens = int(self.kv_used_tokens)
+        self.ctx_sum = int(self.ctx_sum)
+        self.last_sum = int(self.last_sum)
 
     # ---- the engine process ---------------------------------------------------------------------
     def serve(self):

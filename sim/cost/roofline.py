@@ -63,6 +63,9 @@ class _StackCost:
         # Below this many query tokens a request's attention is memory-bound at any KV length.
         self.query_ridge = self.attn_bytes_per_kv * flops_s / (self.attn_flops_per_q_kv * bytes_s)
         self.layer_weight_bytes = sum(l.weight_bytes for l in self.linears)
+        # Attention can be priced from KV sums alone unless a KV window clips each request.
+        self.memory_bound_attention = stack.kv_window is None
+        self.attends = stack.attention and stack.layers > 0
 
     def linear_time_s(self, ops: list[_Linear], tokens: float) -> float:
         total = 0.0
@@ -126,6 +129,11 @@ class RooflineCostModel:
             self._stacks[id(stack)] = cost
         return cost
 
+    def needs_kv_tokens(self, stack: Stack, query: int) -> bool:
+        """Does pricing a group of `query`-token requests need each request's KV, not just the sum?"""
+        c = self._cost_of(stack)
+        return query > c.query_ridge or not c.memory_bound_attention
+
     def allreduce_time_s(self, message_bytes: float) -> float:
         """Ring all-reduce of one layer's output across the tensor-parallel group."""
         if self.tp == 1:
@@ -186,17 +194,33 @@ class RooflineCostModel:
         if logits_tokens is None:
             logits_tokens = tokens
         c = self._cost_of(stack)
-        if (query > c.query_ridge or stack.kv_window is not None or kv_offloaded
-                or offloaded_layers or not stack.attention):
+        if query > c.query_ridge or not c.memory_bound_attention or kv_offloaded:
             kv = context + kv_offset if context is not None else None
             group = Group(phase, requests, tokens, query, kv_tokens_sum, logits_tokens, None, kv)
             return self.forward(stack, [group], shares, offloaded_layers=offloaded_layers,
                                 kv_offloaded=kv_offloaded, repeat=repeat)
-        shared, lm_head = self.batch_terms_s(c, tokens, logits_tokens)
-        attention = c.layers * (kv_tokens_sum * c.attn_bytes_per_kv + tokens * c.attn_bytes_per_q) / c.bytes_s
-        total = (shared + lm_head + attention) * repeat
-        shares[phase] += total
-        return total
+        fixed_s, per_kv_s = self.uniform_terms_s(c, tokens, logits_tokens)
+        total = fixed_s + kv_tokens_sum * per_kv_s
+        shares[phase] += total * repeat
+        if offloaded_layers:
+            transfer = offloaded_layers * c.layer_weight_bytes / self.link_bytes_s
+            exposed = max(0.0, transfer - total) if self.overlap_transfer else transfer
+            shares[TRANSFER] += exposed * repeat
+            total += exposed
+        return total * repeat
+
+    def uniform_terms_s(self, c: _StackCost, tokens: float, logits: float) -> tuple[float, float]:
+        """A memory-bound forward as fixed seconds + seconds per KV token read, memoized."""
+        key = (id(c), tokens, logits, "uniform")
+        terms = self._batch_terms.get(key)
+        if terms is None:
+            shared, lm_head = self.batch_terms_s(c, tokens, logits)
+            attends = 1.0 if c.attends else 0.0
+            terms = (shared + lm_head + attends * c.layers * tokens * c.attn_bytes_per_q / c.bytes_s,
+                     attends * c.layers * c.attn_bytes_per_kv / c.bytes_s)
+            if len(self._batch_terms) < 1 << 16:
+                self._batch_terms[key] = terms
+        return terms
 
     def batch_terms_s(self, c: _StackCost, tokens: float, logits: float) -> tuple[float, float]:
         """(shared, LM head) seconds of one forward of `tokens` query tokens, memoized: a serving

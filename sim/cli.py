@@ -54,10 +54,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_command(args) -> int:
-    from sim.scenario import read_mapping
+    from sim.scenario import read_mapping, resolve_relative_paths
     from sim.simulate import simulate
 
-    mapping = read_mapping(args.scenario)
+    mapping = resolve_relative_paths(read_mapping(args.scenario), args.scenario.parent)
     for override in args.overrides:
         set_field(mapping, *split_assignment(override, "--set"))
     if args.vary is None:

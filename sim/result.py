@@ -41,8 +41,9 @@ class RunMetrics:
     phase_s: dict[str, float]
     peak_kv_tokens: int
     preemptions: int
-    goodput_tok_s: float | None = None
-    slo_attainment: float | None = None
+    goodput_tok_s: float | None = None    # output tokens/s of requests within both SLO thresholds
+    slo_attainment: float | None = None   # fraction of requests within both thresholds
+    slo_met: bool | None = None           # p90 TTFT and p90 TPOT within their thresholds
     ttft_s: np.ndarray = field(default=None, repr=False)
     tpot_s: np.ndarray = field(default=None, repr=False)
 
@@ -91,6 +92,8 @@ def summarize(record: RunRecord, scenario: Scenario) -> RunMetrics:
         if slo.tpot_ms_p90 is not None:
             ok &= ~(tpot * 1e3 > slo.tpot_ms_p90)      # single-token outputs have no TPOT
         metrics.slo_attainment = float(ok.mean())
+        metrics.slo_met = bool((slo.ttft_ms_p90 is None or metrics.ttft_ms["p90"] <= slo.ttft_ms_p90)
+                               and (slo.tpot_ms_p90 is None or not metrics.tpot_ms["p90"] > slo.tpot_ms_p90))
         metrics.goodput_tok_s = float(outputs[ok].sum() / makespan) if makespan > 0 else math.nan
     return metrics
 
@@ -144,6 +147,9 @@ class Result:
             "preemptions": run.preemptions,
             "goodput_tok_s": run.goodput_tok_s, "baseline_goodput_tok_s": base.goodput_tok_s,
             "slo_attainment": run.slo_attainment, "baseline_slo_attainment": base.slo_attainment,
+            "slo_met": run.slo_met, "baseline_slo_met": base.slo_met,
+            "baseline_itl_ms": base.itl_ms, "baseline_e2e_ms": base.e2e_ms,
+            "baseline_preemptions": base.preemptions,
             "memory": self.memory,
             "partial_verify": self.partial_verify,
             "provenance": self.provenance,

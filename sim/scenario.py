@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt,
+from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt,
                       ValidationError, model_validator)
 
 from sim.errors import ScenarioError
@@ -119,7 +119,7 @@ class Draft(Strict):
     kv_budget: PositiveInt = 512      # streaming: sink + recent window the self-draft attends to
     sink: PositiveInt = 32            # streaming: of kv_budget, the sink part
     layers: PositiveInt = 1           # eagle / eagle3 / mtp / medusa head depth
-    vocab: PositiveInt | None = None  # eagle3 draft vocabulary; default the target's
+    vocab: PositiveInt | None = None  # head vocabulary; default 32000 for eagle3, the target's otherwise
 
 
 class Disagreement(Strict):
@@ -144,12 +144,6 @@ class PartialVerify(Strict):
     period_unit: Literal["tokens", "steps"] = "tokens"
     rectify: bool = False
     disagreement: Disagreement = Disagreement()
-
-    @model_validator(mode="after")
-    def _check_blocks(self):
-        if self.budget % self.block:
-            raise ValueError(f"budget {self.budget} is not a multiple of block {self.block}")
-        return self
 
     @property
     def static_tokens(self) -> int:
@@ -176,8 +170,8 @@ class Speculation(Strict):
             raise ValueError("method draft_model needs draft.model")
         if self.method == "layerskip" and self.draft.exit_layer is None:
             raise ValueError("method layerskip needs draft.exit_layer")
-        if self.method == "medusa" and self.tree is None and self.num_speculative_tokens > 8:
-            raise ValueError("medusa has one head per drafted token; more than 8 heads is unsupported")
+        if self.method == "medusa" and self.draft_depth > 8:
+            raise ValueError("medusa has one head per draft position; more than 8 heads is unsupported")
         if self.method == "streaming" and self.draft.sink >= self.draft.kv_budget:
             raise ValueError("draft.sink must be below draft.kv_budget")
         if self.acceptance is not None and self.acceptance.tokens_per_step is not None:
@@ -240,7 +234,7 @@ class Scenario(Strict):
     offload: Offload = Offload()
     scheduler: Scheduler = Scheduler()
     slo: Slo = Slo()
-    seed: int = 0
+    seed: NonNegativeInt = 0
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
@@ -285,14 +279,22 @@ def resolve_hardware(value: str | dict) -> HardwareSpec:
         base = resolve_hardware(value["preset"])
         overrides = {k: v for k, v in value.items() if k != "preset"}
         _check_positive_numbers("hardware", overrides)
-        return base.with_overrides(**overrides)
+        return _check_link(base.with_overrides(**overrides))
     missing = [f for f, spec in HardwareSpec.__dataclass_fields__.items()
                if f not in value and spec.default is spec.default_factory]
     missing = [f for f in missing if f not in ("name", "host_memory_gb", "link_gb_s")]
     if missing:
         raise ScenarioError(f"hardware.{missing[0]}", "missing (give a preset or every datasheet field)")
     _check_positive_numbers("hardware", value)
-    return HardwareSpec(**{"name": "custom", **value})
+    return _check_link(HardwareSpec(**{"name": "custom", **value}))
+
+
+def _check_link(spec: HardwareSpec) -> HardwareSpec:
+    from sim.presets.hardware import PCIE_X16_GB_S
+    if spec.link_gb_s is None and spec.pcie_gen not in PCIE_X16_GB_S:
+        raise ScenarioError("hardware.pcie_gen", f"{spec.pcie_gen} is not one of {sorted(PCIE_X16_GB_S)} "
+                                                 f"(or give link_gb_s)")
+    return spec
 
 
 def resolve_engine(value: str | dict) -> EngineSpec:
@@ -345,13 +347,45 @@ def load_scenario(source: "Scenario | dict | str | Path") -> Scenario:
     if isinstance(source, Scenario):
         scenario = source
     else:
-        mapping = read_mapping(source) if isinstance(source, (str, Path)) else source
+        if isinstance(source, (str, Path)):
+            mapping = resolve_relative_paths(read_mapping(source), Path(source).parent)
+        else:
+            mapping = source
         try:
             scenario = Scenario.model_validate(mapping)
         except ValidationError as exc:
             raise _one_line(exc) from None
     _check_semantics(scenario)
     return scenario
+
+
+def resolve_relative_paths(mapping: dict, base: Path) -> dict:
+    """Files a scenario names (traces, config.json) are relative to the scenario's own folder when
+    they exist there; otherwise they are left as given (relative to the working directory)."""
+    def fix(node: dict, key: str, only_paths: bool = False) -> None:
+        value = node.get(key) if isinstance(node, dict) else None
+        if not isinstance(value, str) or Path(value).is_absolute():
+            return
+        if only_paths and value in MODELS:
+            return
+        candidate = base / value
+        if candidate.exists():
+            node[key] = str(candidate)
+
+    mapping = dict(mapping)
+    fix(mapping, "model", only_paths=True)
+    for section, keys in (("workload", ("trace",)), ("speculation", ())):
+        if isinstance(mapping.get(section), dict):
+            mapping[section] = dict(mapping[section])
+            for key in keys:
+                fix(mapping[section], key)
+    spec = mapping.get("speculation")
+    if isinstance(spec, dict):
+        for sub, key, only in (("acceptance", "trace", False), ("draft", "model", True)):
+            if isinstance(spec.get(sub), dict):
+                spec[sub] = dict(spec[sub])
+                fix(spec[sub], key, only)
+    return mapping
 
 
 def read_mapping(path: str | Path) -> dict:
@@ -409,7 +443,11 @@ def _check_semantics(scenario: Scenario) -> None:
     if scenario.calibration is not None:
         raise ScenarioError("calibration", "calibrated cost models are not available in this version "
                                            "(set null for the roofline model)")
-    if spec.partial_verify is not None and spec.partial_verify.static_tokens >= model.max_context:
+    pv = spec.partial_verify
+    if pv is not None and pv.budget % pv.block:
+        raise ScenarioError("speculation.partial_verify.budget",
+                            f"{pv.budget} is not a multiple of block {pv.block}")
+    if pv is not None and pv.static_tokens >= model.max_context:
         raise ScenarioError("speculation.partial_verify.budget",
                             f"sink + budget + window {spec.partial_verify.static_tokens} is not below "
                             f"{model.name}'s maximum context {model.max_context}")
@@ -417,9 +455,10 @@ def _check_semantics(scenario: Scenario) -> None:
         raise ScenarioError("workload.trace", f"no such file: {scenario.workload.trace}")
     if spec.acceptance is not None and spec.acceptance.trace is not None and not spec.acceptance.trace.exists():
         raise ScenarioError("speculation.acceptance.trace", f"no such file: {spec.acceptance.trace}")
-    rate = spec.acceptance.rate if spec.acceptance is not None else None
-    if rate is not None and spec.acceptance.request_spread:
-        if spec.acceptance.request_spread ** 2 >= rate * (1 - rate):
+    a = spec.acceptance
+    if a is not None and a.request_spread and (a.rate is not None or a.per_position is not None):
+        mean = a.rate if a.rate is not None else sum(a.per_position[:spec.draft_depth]) / spec.draft_depth
+        if a.request_spread ** 2 >= mean * (1 - mean):
             raise ScenarioError("speculation.acceptance.request_spread",
-                                f"{spec.acceptance.request_spread} is too wide for a Beta with mean {rate} "
-                                f"(needs spread^2 < rate (1 - rate))")
+                                f"{a.request_spread} is too wide for a Beta with mean {mean:g} "
+                                f"(needs spread^2 < mean (1 - mean))")

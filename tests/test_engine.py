@@ -216,3 +216,25 @@ def test_cli_json_has_the_documented_keys(tmp_path):
                                           "transfer", "prefill", "overhead"}
     for key in ("device", "dtype", "git_revision", "seed", "versions"):
         assert key in payload["provenance"]
+
+
+def test_files_named_by_a_scenario_resolve_against_its_folder(tmp_path):
+    import yaml
+    folder = tmp_path / "study"
+    folder.mkdir()
+    (folder / "accepted.csv").write_text("accepted\n" + "2\n" * 10)
+    (folder / "s.yaml").write_text(yaml.safe_dump(scenario(
+        speculation={"method": "eagle", "acceptance": {"trace": "accepted.csv"}})))
+    proc = subprocess.run([sys.executable, "-m", "sim", "run", str(folder / "s.yaml"), "--json"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["tokens_per_step"] == pytest.approx(3.0)
+
+
+def test_slo_met_reads_the_p90_of_ttft_and_tpot():
+    s = scenario({"concurrency": 8, "requests": 32}, {"method": "eagle", "acceptance": {"rate": 0.7}})
+    result = sim.simulate(s)
+    p90_ttft, p90_tpot = result.run.ttft_ms["p90"], result.run.tpot_ms["p90"]
+    met = sim.simulate({**s, "slo": {"ttft_ms_p90": p90_ttft * 1.01, "tpot_ms_p90": p90_tpot * 1.01}})
+    missed = sim.simulate({**s, "slo": {"ttft_ms_p90": p90_ttft * 0.99}})
+    assert met.run.slo_met is True and missed.run.slo_met is False

@@ -52,10 +52,11 @@ def plan_memory(scenario: Scenario, stacks: Stacks, max_request_tokens: int, con
     workspace = _workspace_bytes(scenario, min(concurrency_hint, scenario.scheduler.max_batch))
     fixed = embeddings + draft_weights + workspace
 
-    kv_per_token = model.kv_bytes_per_token(ab) / tp
+    # A KV head is replicated, not split, when TP exceeds the KV head count.
+    kv_per_token = 2 * model.layers * max(model.kv_heads / tp, 1) * model.head_dim * ab
     if stacks.draft_owns_kv:
         d = stacks.draft
-        kv_per_token += 2 * d.layers * d.kv_heads * d.head_dim * ab / tp
+        kv_per_token += 2 * d.layers * max(d.kv_heads / tp, 1) * d.head_dim * ab
     partial_tokens = 0
     if spec.partial_verify is not None:
         pv = spec.partial_verify
@@ -68,9 +69,14 @@ def plan_memory(scenario: Scenario, stacks: Stacks, max_request_tokens: int, con
                                   one_request_bytes, model.layers)
     resident = model.layers - offloaded
     free_device = budget - fixed - resident * layer_bytes
+    host_weights = offloaded * layer_bytes * tp      # every rank's shard of the offloaded layers
+    host_memory = scenario.hardware_spec.host_memory_gb * GB
+    if host_weights > host_memory:
+        raise ScenarioError("hardware.host_memory_gb",
+                            f"{scenario.hardware_spec.host_memory_gb:g} GB cannot hold the {offloaded} offloaded "
+                            f"layers ({host_weights / GB:.1f} GB)")
     if scenario.offload.kv:
-        host_free = scenario.hardware_spec.host_memory_gb * GB - offloaded * layer_bytes * tp
-        kv_capacity = host_free / kv_per_token
+        kv_capacity = (host_memory - host_weights) / tp / kv_per_token   # host shared by the ranks
         device_needed = partial_tokens * kv_per_token
     else:
         kv_capacity = free_device / kv_per_token

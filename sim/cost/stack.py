@@ -85,12 +85,12 @@ def build_stacks(scenario: Scenario) -> Stacks:
         head = stack_of(model, method, wbytes, layers=draft.layers, lm_head_vocab=vocab,
                         extra_linears=extra)
         resident = head.layers * head.layer_weight_bytes() + sum(i * o for i, o in extra) * wbytes
-        if vocab != model.vocab or not model.tied_embeddings:
+        if vocab != model.vocab:   # a head with the target's vocabulary reuses its LM head
             resident += vocab * model.hidden * wbytes
         return Stacks(target, head, draft_owns_kv=True, draft_weights_resident_bytes=resident)
     if method == "medusa":
         # One forward: a residual block (h x h) and an LM head per drafted position, no attention.
-        heads = spec.num_speculative_tokens
+        heads = spec.draft_depth
         blocks = tuple((model.hidden, model.hidden) for _ in range(heads))
         head = Stack("medusa", 0, model.hidden, model.heads, model.kv_heads, model.head_dim, model.ffn,
                      wbytes, lm_head_vocab=model.vocab, lm_head_count=heads, extra_linears=blocks,

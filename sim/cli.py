@@ -150,8 +150,10 @@ def format_summary(result) -> str:
     lines.append(f"  memory          {mem['resident_layers']} layers resident, {mem['offloaded_layers']} offloaded "
                  f"(baseline {mem['baseline_offloaded_layers']}); peak KV {mem['peak_kv_gb']:.2f} GB")
     if run.goodput_tok_s is not None:
-        lines.append(f"  goodput         {run.goodput_tok_s:10.1f} tok/s   SLO met by {run.slo_attainment:.1%} "
-                     f"(baseline {base.goodput_tok_s:.1f} tok/s, {base.slo_attainment:.1%})")
+        verdict = lambda m: "p90 SLO met" if m.slo_met else "p90 SLO missed"
+        lines.append(f"  goodput         {run.goodput_tok_s:10.1f} tok/s   {run.slo_attainment:.1%} of requests within "
+                     f"SLO, {verdict(run)} (baseline {base.goodput_tok_s:.1f} tok/s, {base.slo_attainment:.1%}, "
+                     f"{verdict(base)})")
     if result.partial_verify is not None:
         pv = result.partial_verify
         lines.append(f"  partial verify  {pv['divergence_rate']:.4%} of output tokens diverge from full "

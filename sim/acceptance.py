@@ -29,13 +29,16 @@ MAX_RATE = 0.999
 
 class AcceptanceModel:
     depth: int
-    uses_steps = False      # does draw() read the per-request step counts?
-    uses_context = False    # does draw() read the per-request context?
+    # What draw() reads; the engine passes None for the rest (each slice it skips is time saved).
+    uses_rids = True
+    uses_steps = False
+    uses_context = False
 
-    def draw(self, rids: np.ndarray, steps: np.ndarray | None,
+    def draw(self, n: int, rids: np.ndarray | None, steps: np.ndarray | None,
              context: np.ndarray | None) -> tuple[np.ndarray, int]:
-        """Tokens committed by one verification step per request (accepted drafts + 1): an int array
-        [n] in [1, depth + 1] that is never written again, and its sum."""
+        """Tokens committed by one verification step for n requests (accepted drafts + 1): an int
+        array [n] in [1, depth + 1] that is never written again, and its sum. rids, steps, context:
+        the requests' global ids, verification steps so far and current context, each [n]."""
         raise NotImplementedError
 
     def mean_tokens_per_step(self) -> float | None:
@@ -44,13 +47,14 @@ class AcceptanceModel:
 
 
 class ConstantAcceptance(AcceptanceModel):
+    uses_rids = False
     uses_steps = True
 
     def __init__(self, tokens_per_step: float, depth: int):
         self.depth = depth
         self.accepted_per_step = tokens_per_step - 1.0
 
-    def draw(self, rids, steps, context):
+    def draw(self, n, rids, steps, context):
         # After s steps a request has accepted round(s * m) drafts: never more than half a token
         # from the exact mean, and never more than ceil(m) <= depth in one step.
         m = self.accepted_per_step
@@ -63,6 +67,7 @@ class ConstantAcceptance(AcceptanceModel):
 
 class GeometricAcceptance(AcceptanceModel):
     """i.i.d. acceptance with one rate for all: draws come from a pre-drawn pool (the hot path)."""
+    uses_rids = False
     FIRST_POOL = 4096
     MAX_POOL = 1 << 16
 
@@ -78,19 +83,15 @@ class GeometricAcceptance(AcceptanceModel):
     def _refill(self, need: int) -> None:
         size = max(self._size, need)
         self._size = min(2 * self._size, self.MAX_POOL)    # grow with demand, bounded
-        u = 1.0 - self.rng.random(size)   # (0, 1]
-        if self.rate <= 0.0:
-            pool = np.zeros(size, dtype=np.int64)
-        else:
-            pool = np.minimum(np.floor(np.log(u) / np.log(self.rate)), self.depth).astype(np.int64)
-        pool += 1
+        # Committed tokens = 1 + accepted drafts, P(accepted >= j) = rate^j truncated at depth: a
+        # geometric count of trials to the first rejection, capped at depth + 1.
+        pool = np.minimum(self.rng.geometric(1.0 - self.rate, size), self.depth + 1)
         self._pool = np.concatenate([self._pool[self._next:], pool])
         # Running sums make a draw's total one subtraction instead of a reduction.
         self._cumsum = np.concatenate([[0], np.cumsum(self._pool)])
         self._next = 0
 
-    def draw(self, rids, steps, context):
-        n = len(rids)
+    def draw(self, n, rids, steps, context):
         if self._next + n > len(self._pool):
             self._refill(n)
         start = self._next
@@ -129,9 +130,9 @@ class SurvivalAcceptance(AcceptanceModel):
             shift = shift + self.context_slope * doublings
         return np.clip(self.rates[None, :] + shift[:, None], 0.0, MAX_RATE)
 
-    def draw(self, rids, steps, context):
+    def draw(self, n, rids, steps, context):
         survival = np.cumprod(self.rates_for(rids, context), axis=1)   # P(accepted >= j), j = 1..depth
-        u = self.rng.random(len(rids))
+        u = self.rng.random(n)
         tokens = (survival > u[:, None]).sum(axis=1) + 1
         return tokens, int(tokens.sum())
 
@@ -155,7 +156,7 @@ class TraceAcceptance(AcceptanceModel):
         self.flat = np.minimum(np.concatenate(sequences), depth) + 1
         self.assigned = rng.permutation(np.resize(np.arange(len(sequences)), requests))
 
-    def draw(self, rids, steps, context):
+    def draw(self, n, rids, steps, context):
         trace = self.assigned[rids]
         tokens = self.flat[self.offsets[trace] + steps % self.lengths[trace]]
         return tokens, int(tokens.sum())

@@ -105,6 +105,7 @@ class EngineSimulation:
         self.kv_offloaded = scenario.offload.kv
         # What the hot path must keep per request; each skipped array op is a microsecond.
         self.track_steps = self.speculative and acceptance.uses_steps
+        self.rids_for_draw = self.speculative and acceptance.uses_rids
         self.track_last = self.speculative and stacks.draft_owns_kv
         self.context_for_draw = self.speculative and acceptance.uses_context
         self.target_needs_kv = cost.needs_kv_tokens(stacks.target, self.verify_tokens)
@@ -116,7 +117,10 @@ class EngineSimulation:
         self.waiting: deque[int] = deque()
         self.prefilling: list[list[int]] = []   # [rid, tokens done, tokens to prefill]
         self.slots = _DecodeSlots(self.max_batch)
-        self.generated = np.zeros(n, _INT)      # output tokens committed so far, kept across preemption
+        # Per-request scalars as Python lists: the admission and finish paths index them one at a time.
+        self.generated = [0] * n                # output tokens committed so far, kept across preemption
+        self.prompt_tokens = requests.prompt_tokens.tolist()
+        self.output_tokens = requests.output_tokens.tolist()
         self.kv_used_tokens = 0
         self.ctx_sum = 0                        # sum of slots.ctx over decoding requests
         self.last_sum = 0                       # sum of slots.last over decoding requests
@@ -150,7 +154,7 @@ class EngineSimulation:
         capacity = self.memory.kv_capacity_tokens
         while self.waiting and self.slots.n + len(self.prefilling) < self.max_batch:
             rid = self.waiting[0]
-            prompt = int(self.requests.prompt_tokens[rid] + self.generated[rid])
+            prompt = self.prompt_tokens[rid] + self.generated[rid]
             need = prompt + self.reserve_tokens + self.verify_tokens
             if self.kv_used_tokens + need > capacity:
                 break
@@ -167,7 +171,7 @@ class EngineSimulation:
             self.kv_used_tokens -= int(s.ctx[i]) + self.reserve_tokens
             self.ctx_sum -= int(s.ctx[i])
             self.last_sum -= int(s.last[i])
-            self.generated[rid] = s.ctx[i] - self.requests.prompt_tokens[rid]
+            self.generated[rid] = int(s.ctx[i]) - self.prompt_tokens[rid]
             s.remove(i)
             self.waiting.appendleft(rid)
             self.record.preemptions += 1
@@ -281,7 +285,8 @@ class EngineSimulation:
         if n:
             ctx = s.ctx[:n]
             if self.speculative:
-                committed, grown = self.acceptance.draw(s.rid[:n], s.steps[:n] if self.track_steps else None,
+                committed, grown = self.acceptance.draw(n, s.rid[:n] if self.rids_for_draw else None,
+                                                        s.steps[:n] if self.track_steps else None,
                                                         ctx if self.context_for_draw else None)
                 record.committed.append(committed)
                 if self.track_steps:
@@ -298,8 +303,9 @@ class EngineSimulation:
             ctx += committed
             self.ctx_sum += grown
             self.kv_used_tokens += grown
-            if (ctx >= s.finish[:n]).any():
-                self.finish_requests(now)
+            done = ctx >= s.finish[:n]
+            if np.count_nonzero(done):      # far cheaper than done.any() on small arrays
+                self.finish_requests(now, done.nonzero()[0])
         if chunks:
             for entry, chunk in chunks:
                 entry[1] += chunk
@@ -353,25 +359,26 @@ class EngineSimulation:
             if done < total:
                 still.append(entry)
                 continue
-            first_token = self.generated[rid] == 0
-            if first_token:
+            generated = self.generated[rid]
+            if generated == 0:
                 self.record.first_token_s[rid] = now
-            prompt = int(self.requests.prompt_tokens[rid])
-            output = int(self.requests.output_tokens[rid])
-            one_token_output |= self.generated[rid] + 1 >= output
-            self.generated[rid] += 1
+            output = self.output_tokens[rid]
+            one_token_output |= generated + 1 >= output
+            self.generated[rid] = generated + 1
             self.kv_used_tokens += 1
             self.admitted += 1
             self.ctx_sum += total + 1
             self.last_sum += 1
-            self.slots.add(rid, total + 1, prompt + output, self.admitted)
+            self.slots.add(rid, total + 1, self.prompt_tokens[rid] + output, self.admitted)
         self.prefilling = still
         if one_token_output:   # done at prefill
             self.finish_requests(now)
 
-    def finish_requests(self, now: float) -> None:
+    def finish_requests(self, now: float, done: np.ndarray | None = None) -> None:
+        """Requests that reached their output length leave (slots `done`, default: find them)."""
         s, record = self.slots, self.record
-        done = np.flatnonzero(s.ctx[:s.n] >= s.finish[:s.n])
+        if done is None:
+            done = np.flatnonzero(s.ctx[:s.n] >= s.finish[:s.n])
         pv = self.partial
         if pv is not None and pv.rectify:
             # Tokens accepted since the last full verification were never re-checked.
@@ -380,7 +387,7 @@ class EngineSimulation:
             record.divergent_tokens += float((p * unchecked).sum())
         closed = self.requests.closed_concurrency is not None
         for i in done[::-1].tolist():
-            rid, ctx, last = s.rid[i], s.ctx[i], s.last[i]
+            rid, ctx, last = s.rid.item(i), s.ctx.item(i), s.last.item(i)
             record.finish_s[rid] = now
             self.kv_used_tokens -= ctx + self.reserve_tokens
             self.ctx_sum -= ctx
@@ -389,9 +396,6 @@ class EngineSimulation:
             self.finished += 1
             if closed:
                 self.arrive_next_closed()
-        self.kv_used_tokens = int(self.kv_used_tokens)
-        self.ctx_sum = int(self.ctx_sum)
-        self.last_sum = int(self.last_sum)
 
     # ---- the engine process ---------------------------------------------------------------------
     def serve(self):
@@ -410,7 +414,7 @@ class EngineSimulation:
                 # Nothing running and the head of the queue does not fit: memory plan guarantees
                 # one request fits, so this only happens transiently; admit it anyway.
                 rid = self.waiting.popleft()
-                prompt = int(self.requests.prompt_tokens[rid] + self.generated[rid])
+                prompt = self.prompt_tokens[rid] + self.generated[rid]
                 self.prefilling.append([rid, 0, prompt])
                 self.kv_used_tokens += prompt + self.reserve_tokens
             if self.kv_used_tokens + self.slots.n * self.verify_tokens > self.memory.kv_capacity_tokens:

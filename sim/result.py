@@ -14,14 +14,24 @@ PERCENTILES = (50, 90, 99)
 
 
 def percentiles_ms(values_s: np.ndarray, weights: np.ndarray | None = None) -> dict[str, float]:
-    """p50/p90/p99 in milliseconds (NaN when there are no values)."""
+    """p50/p90/p99 in milliseconds (NaN when there are no values).
+
+    Unweighted: linear interpolation between order statistics. Weighted (ITL: each iteration counts
+    once per request decoding in it): the inverted CDF, as if each value were repeated `weights`
+    times, without materializing the repeats.
+    """
     values_s = np.asarray(values_s, dtype=float)
+    keep = ~np.isnan(values_s)
     if weights is not None:
-        values_s = np.repeat(values_s, weights)
-    values_s = values_s[~np.isnan(values_s)]
+        keep &= np.asarray(weights) > 0
+    values_s = values_s[keep]
     if values_s.size == 0:
         return {f"p{p}": math.nan for p in PERCENTILES}
-    return {f"p{p}": float(np.percentile(values_s, p) * 1e3) for p in PERCENTILES}
+    if weights is None:
+        points = np.percentile(values_s, PERCENTILES)
+    else:
+        points = np.percentile(values_s, PERCENTILES, weights=np.asarray(weights)[keep], method="inverted_cdf")
+    return {f"p{p}": float(v * 1e3) for p, v in zip(PERCENTILES, points)}
 
 
 @dataclass

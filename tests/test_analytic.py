@@ -38,7 +38,7 @@ def test_leviathan_form_is_the_magicdec_form_when_verification_costs_one_decode(
 
 def test_geometric_acceptance_reproduces_the_expected_tokens_per_step():
     model = GeometricAcceptance(0.7, 4, np.random.default_rng(0))
-    tokens, total = model.draw(np.arange(200_000), None, None)
+    tokens, total = model.draw(200_000, None, None, None)
     assert total == tokens.sum()
     assert tokens.min() == 1 and tokens.max() == 5
     assert tokens.mean() == pytest.approx(expected_tokens_per_step(0.7, 4), rel=0.01)

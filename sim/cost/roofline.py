@@ -120,6 +120,7 @@ class RooflineCostModel:
         self.overlap_transfer = scenario.offload.overlap
         self._stacks: dict[int, _StackCost] = {}
         self._batch_terms: dict[tuple, tuple[float, float]] = {}
+        self._forward_memo: dict[tuple, tuple[float, list]] = {}
 
     def _cost_of(self, stack: Stack) -> _StackCost:
         cost = self._stacks.get(id(stack))
@@ -150,6 +151,28 @@ class RooflineCostModel:
         `repeat` prices sequential draft forwards that differ only by a token of KV each: give the
         groups their mean KV, which is exact while attention is memory-bound (linear in KV).
         """
+        memo_key = None
+        if all(isinstance(g.kv_tokens, list) for g in groups):
+            # Prefill-only forwards repeat (same prompt chunks): price each distinct one once.
+            memo_key = (id(stack), offloaded_layers, kv_offloaded, repeat,
+                        tuple((g[:6], tuple(g.query_tokens), tuple(g.kv_tokens)) for g in groups))
+            memo = self._forward_memo.get(memo_key)
+            if memo is not None:
+                for phase, seconds in memo[1]:
+                    shares[phase] += seconds
+                return memo[0]
+            local = [0.0] * len(shares)
+            total = self._forward(stack, groups, local, offloaded_layers, kv_offloaded, repeat)
+            parts = [(phase, seconds) for phase, seconds in enumerate(local) if seconds]
+            for phase, seconds in parts:
+                shares[phase] += seconds
+            if len(self._forward_memo) < 1 << 14:
+                self._forward_memo[memo_key] = (total, parts)
+            return total
+        return self._forward(stack, groups, shares, offloaded_layers, kv_offloaded, repeat)
+
+    def _forward(self, stack: Stack, groups: Sequence[Group], shares: list[float], offloaded_layers: int,
+                 kv_offloaded: bool, repeat: int) -> float:
         c = self._cost_of(stack)
         tokens = 0
         logits = 0

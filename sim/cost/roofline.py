@@ -121,6 +121,7 @@ class RooflineCostModel:
         self._stacks: dict[int, _StackCost] = {}
         self._batch_terms: dict[tuple, tuple[float, float]] = {}
         self._forward_memo: dict[tuple, tuple[float, list]] = {}
+        self._uniform_terms: dict[tuple, tuple] = {}
 
     def _cost_of(self, stack: Stack) -> _StackCost:
         cost = self._stacks.get(id(stack))
@@ -216,13 +217,15 @@ class RooflineCostModel:
             tokens = requests * query
         if logits_tokens is None:
             logits_tokens = tokens
-        c = self._cost_of(stack)
-        if query > c.query_ridge or not c.memory_bound_attention or kv_offloaded:
+        terms = self._uniform_terms.get((id(stack), tokens, logits_tokens))
+        if terms is None:
+            terms = self.uniform_terms_s(stack, tokens, logits_tokens)
+        fixed_s, per_kv_s, query_ridge, c = terms
+        if query > query_ridge or kv_offloaded:
             kv = context + kv_offset if context is not None else None
             group = Group(phase, requests, tokens, query, kv_tokens_sum, logits_tokens, None, kv)
             return self.forward(stack, [group], shares, offloaded_layers=offloaded_layers,
                                 kv_offloaded=kv_offloaded, repeat=repeat)
-        fixed_s, per_kv_s = self.uniform_terms_s(c, tokens, logits_tokens)
         total = fixed_s + kv_tokens_sum * per_kv_s
         shares[phase] += total * repeat
         if offloaded_layers:
@@ -232,17 +235,17 @@ class RooflineCostModel:
             total += exposed
         return total * repeat
 
-    def uniform_terms_s(self, c: _StackCost, tokens: float, logits: float) -> tuple[float, float]:
-        """A memory-bound forward as fixed seconds + seconds per KV token read, memoized."""
-        key = (id(c), tokens, logits, "uniform")
-        terms = self._batch_terms.get(key)
-        if terms is None:
-            shared, lm_head = self.batch_terms_s(c, tokens, logits)
-            attends = 1.0 if c.attends else 0.0
-            terms = (shared + lm_head + attends * c.layers * tokens * c.attn_bytes_per_q / c.bytes_s,
-                     attends * c.layers * c.attn_bytes_per_kv / c.bytes_s)
-            if len(self._batch_terms) < 1 << 16:
-                self._batch_terms[key] = terms
+    def uniform_terms_s(self, stack: Stack, tokens: float, logits: float) -> tuple[float, float, float, _StackCost]:
+        """A memory-bound forward as (fixed seconds, seconds per KV token read), with the largest
+        query that keeps it memory-bound (-1 when a KV window needs per-request pricing); memoized."""
+        c = self._cost_of(stack)
+        shared, lm_head = self.batch_terms_s(c, tokens, logits)
+        attends = 1.0 if c.attends else 0.0
+        ridge = c.query_ridge if c.memory_bound_attention else -1.0
+        terms = (shared + lm_head + attends * c.layers * tokens * c.attn_bytes_per_q / c.bytes_s,
+                 attends * c.layers * c.attn_bytes_per_kv / c.bytes_s, ridge, c)
+        if len(self._uniform_terms) < 1 << 16:
+            self._uniform_terms[(id(stack), tokens, logits)] = terms
         return terms
 
     def batch_terms_s(self, c: _StackCost, tokens: float, logits: float) -> tuple[float, float]:

@@ -58,6 +58,22 @@ def main() -> None:
             run_engine(config, requests, stacks, memory)
         engine_only.append(time.perf_counter() - start)
 
+    # Where the time goes: each run's cost per iteration in the main scenario, and in a decode-only
+    # variant (64 requests of 3,000 tokens: no request arrives or finishes until the end).
+    decode_only = sim.load_scenario({**SCENARIO, "workload": {**SCENARIO["workload"], "requests": 64,
+                                                               "output_tokens": 3000}})
+    decode_requests = build_requests(decode_only)
+    us_per_iteration = {}
+    for (config, stacks, memory), label in zip(prepared, ("baseline", "speculative")):
+        dconfig = decode_only if label == "speculative" else decode_only.with_method_none()
+        dstacks = build_stacks(dconfig)
+        dmemory = plan_memory(dconfig, dstacks, decode_requests.max_tokens + 4, 64)
+        for name, cfg, reqs, stk, mem in (("main", config, requests, stacks, memory),
+                                          ("decode_only", dconfig, decode_requests, dstacks, dmemory)):
+            iterations_run = run_engine(cfg, reqs, stk, mem).iterations
+            best_s = min(_timed(lambda: run_engine(cfg, reqs, stk, mem)) for _ in range(args.repeats))
+            us_per_iteration[f"{name}_{label}"] = best_s / iterations_run * 1e6
+
     report = {
         "iterations": iterations,
         "simulate_s": min(whole),
@@ -65,8 +81,15 @@ def main() -> None:
         "engine_only_iterations_per_s": iterations / min(engine_only),
         "median_iterations_per_s": iterations / float(np.median(whole)),
         "speedup": result.speedup,
+        "us_per_iteration_best": us_per_iteration,
     }
     print(json.dumps(report, indent=2))
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 if __name__ == "__main__":

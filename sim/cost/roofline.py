@@ -63,6 +63,7 @@ class _StackCost:
         # Below this many query tokens a request's attention is memory-bound at any KV length.
         self.query_ridge = self.attn_bytes_per_kv * flops_s / (self.attn_flops_per_q_kv * bytes_s)
         self.layer_weight_bytes = sum(l.weight_bytes for l in self.linears)
+        self._request_attention: dict[tuple, float] = {}   # (query, kv) -> seconds, prefill chunks
         # Attention can be priced from KV sums alone unless a KV window clips each request.
         self.memory_bound_attention = stack.kv_window is None
         self.attends = stack.attention and stack.layers > 0
@@ -86,7 +87,14 @@ class _StackCost:
         kv = group.kv_tokens if group.kv_tokens is not None else np.full(n, group.kv_tokens_sum / n)
         if isinstance(kv, (list, tuple)):     # a few prefill chunks: plain floats beat numpy
             qs = q if isinstance(q, (list, tuple)) else [q] * len(kv)
-            return sum(self.request_attention_s(qi, ki) for qi, ki in zip(qs, kv))
+            memo = self._request_attention
+            total = 0.0
+            for pair in zip(qs, kv):
+                seconds = memo.get(pair)
+                if seconds is None:
+                    seconds = memo[pair] = self.request_attention_s(*pair)
+                total += seconds
+            return total
         if kv_window is not None:
             kv = np.minimum(kv, kv_window)
         # Causal attention inside a chunk of q new tokens touches q * (kv - (q - 1) / 2) pairs.
@@ -120,7 +128,6 @@ class RooflineCostModel:
         self.overlap_transfer = scenario.offload.overlap
         self._stacks: dict[int, _StackCost] = {}
         self._batch_terms: dict[tuple, tuple[float, float]] = {}
-        self._forward_memo: dict[tuple, tuple[float, list]] = {}
         self._uniform_terms: dict[tuple, tuple] = {}
 
     def _cost_of(self, stack: Stack) -> _StackCost:
@@ -152,24 +159,6 @@ class RooflineCostModel:
         `repeat` prices sequential draft forwards that differ only by a token of KV each: give the
         groups their mean KV, which is exact while attention is memory-bound (linear in KV).
         """
-        memo_key = None
-        if all(isinstance(g.kv_tokens, list) for g in groups):
-            # Prefill-only forwards repeat (same prompt chunks): price each distinct one once.
-            memo_key = (id(stack), offloaded_layers, kv_offloaded, repeat,
-                        tuple((g[:6], tuple(g.query_tokens), tuple(g.kv_tokens)) for g in groups))
-            memo = self._forward_memo.get(memo_key)
-            if memo is not None:
-                for phase, seconds in memo[1]:
-                    shares[phase] += seconds
-                return memo[0]
-            local = [0.0] * len(shares)
-            total = self._forward(stack, groups, local, offloaded_layers, kv_offloaded, repeat)
-            parts = [(phase, seconds) for phase, seconds in enumerate(local) if seconds]
-            for phase, seconds in parts:
-                shares[phase] += seconds
-            if len(self._forward_memo) < 1 << 14:
-                self._forward_memo[memo_key] = (total, parts)
-            return total
         return self._forward(stack, groups, shares, offloaded_layers, kv_offloaded, repeat)
 
     def _forward(self, stack: Stack, groups: Sequence[Group], shares: list[float], offloaded_layers: int,

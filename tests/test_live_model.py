@@ -1,0 +1,97 @@
+"""The torch Llama decoder, its GGUF loader and tokenizer, on the real SmolLM2-135M and tiny models."""
+import pytest
+
+torch = pytest.importorskip("torch")
+gguf = pytest.importorskip("gguf")
+
+from profiler.generate import generate  # noqa: E402
+from profiler.gguf_loader import ModelLoadError, load_gguf, smollm2_path  # noqa: E402
+from profiler.model import Llama, LlamaConfig, causal_mask  # noqa: E402
+from profiler.tokenizer import tokenizer_from_gguf  # noqa: E402
+
+TINY = LlamaConfig(layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=64, vocab=50,
+                   tied_embeddings=False, max_context=128, rope_theta=10000.0)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    loaded = load_gguf(smollm2_path())
+    return loaded.model, tokenizer_from_gguf(gguf.GGUFReader(loaded.path))
+
+
+def tiny_model(seed=0):
+    torch.manual_seed(seed)
+    model = Llama(TINY)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    return model.eval()
+
+
+@torch.inference_mode()
+def test_cached_decoding_matches_a_full_forward_at_every_position():
+    model = tiny_model()
+    tokens = torch.randint(0, TINY.vocab, (1, 20))
+    model.setup_cache(1, 64)
+    full = model(tokens, torch.arange(20)[None])
+    model.setup_cache(1, 64)
+    model(tokens[:, :12], torch.arange(12)[None])
+    for t in range(12, 20):
+        step = model(tokens[:, t:t + 1], torch.tensor([[t]]))
+        torch.testing.assert_close(step[0, -1], full[0, t], rtol=1e-5, atol=1e-5)
+
+
+@torch.inference_mode()
+def test_rows_at_different_positions_decode_as_if_alone():
+    model = tiny_model(1)
+    prompts = [[3, 7, 9, 11, 2], [5, 1], [8, 8, 8, 8, 8, 8, 8, 8]]
+    together = generate(model, prompts, 12)
+    alone = [generate(model, [p], 12)[0] for p in prompts]
+    assert together == alone
+
+
+def test_causal_mask_sees_only_earlier_positions():
+    mask = causal_mask(torch.tensor([[2, 3], [0, 1]]), 4)
+    assert mask.shape == (2, 1, 2, 4)
+    assert mask[0, 0].tolist() == [[True, True, True, False], [True, True, True, True]]
+    assert mask[1, 0].tolist() == [[True, False, False, False], [True, True, False, False]]
+
+
+def test_context_beyond_the_maximum_is_refused():
+    with pytest.raises(ValueError, match="beyond the model's maximum 128"):
+        tiny_model().setup_cache(1, 129)
+
+
+def test_missing_model_file_is_one_line_error(tmp_path):
+    with pytest.raises(ModelLoadError, match="no such model file"):
+        load_gguf(tmp_path / "absent.gguf")
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf file at all")
+    with pytest.raises(ModelLoadError, match="not a readable GGUF file"):
+        load_gguf(bad)
+
+
+def test_smollm2_config_comes_from_the_gguf_metadata(smollm2):
+    model, _ = smollm2
+    c = model.config
+    assert (c.layers, c.hidden, c.heads, c.kv_heads, c.head_dim, c.ffn, c.vocab) == (30, 576, 9, 3, 64, 1536, 49152)
+    assert c.tied_embeddings and c.max_context == 8192 and c.rope_theta == 100000.0
+    assert model.lm_head.weight is model.embed.weight
+
+
+def test_chat_special_tokens_are_single_ids(smollm2):
+    _, tok = smollm2
+    assert tok.encode("<|im_start|>") == [1]
+    assert tok.encode("<|im_end|>") == [2]
+    ids = tok.encode_chat("Hello")
+    assert ids[0] == 1 and tok.decode(ids, skip_special=False).startswith("<|im_start|>system\n")
+    assert tok.decode(tok.encode("Speculative decoding, 2026!")) == "Speculative decoding, 2026!"
+
+
+def test_smollm2_greedy_answers_are_sensible_english(smollm2):
+    model, tok = smollm2
+    questions = ["What is the capital of France?", "Name three primary colors."]
+    outputs = generate(model, [tok.encode_chat(q) for q in questions], 24, tok.eos_id)
+    answers = [tok.decode(o) for o in outputs]
+    assert "Paris" in answers[0]
+    assert sum(color in answers[1].lower() for color in ("red", "blue", "yellow", "green")) >= 2
+    assert all(o[-1] == tok.eos_id for o in outputs)   # both finish their sentence

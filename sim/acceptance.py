@@ -22,6 +22,7 @@ import numpy as np
 
 from sim.errors import ScenarioError
 from sim.scenario import Acceptance, Disagreement, Scenario
+from sim.tables import numeric_column, read_table
 
 CONTEXT_REFERENCE_TOKENS = 1024
 MAX_RATE = 0.999
@@ -41,10 +42,6 @@ class AcceptanceModel:
         the requests' global ids, verification steps so far and current context, each [n]."""
         raise NotImplementedError
 
-    def mean_tokens_per_step(self) -> float | None:
-        """Expected committed tokens per step where the model has a closed form, else None."""
-        return None
-
 
 class ConstantAcceptance(AcceptanceModel):
     uses_rids = False
@@ -61,8 +58,6 @@ class ConstantAcceptance(AcceptanceModel):
         tokens = (np.floor((steps + 1) * m + 0.5) - np.floor(steps * m + 0.5)).astype(np.int64) + 1
         return tokens, int(tokens.sum())
 
-    def mean_tokens_per_step(self) -> float:
-        return self.accepted_per_step + 1.0
 
 
 class GeometricAcceptance(AcceptanceModel):
@@ -98,9 +93,6 @@ class GeometricAcceptance(AcceptanceModel):
         self._next = start + n
         return self._pool[start:start + n], int(self._cumsum[start + n] - self._cumsum[start])
 
-    def mean_tokens_per_step(self) -> float:
-        a, k = self.rate, self.depth
-        return (1 - a ** (k + 1)) / (1 - a)
 
 
 class SurvivalAcceptance(AcceptanceModel):
@@ -136,10 +128,6 @@ class SurvivalAcceptance(AcceptanceModel):
         tokens = (survival > u[:, None]).sum(axis=1) + 1
         return tokens, int(tokens.sum())
 
-    def mean_tokens_per_step(self) -> float | None:
-        if self.context_slope or self.shift.any():
-            return None
-        return 1.0 + float(np.cumprod(self.rates).sum())
 
 
 class TraceAcceptance(AcceptanceModel):
@@ -161,8 +149,6 @@ class TraceAcceptance(AcceptanceModel):
         tokens = self.flat[self.offsets[trace] + steps % self.lengths[trace]]
         return tokens, int(tokens.sum())
 
-    def mean_tokens_per_step(self) -> float:
-        return float(self.flat.mean())
 
 
 def read_acceptance_trace(path: Path) -> list[np.ndarray]:
@@ -171,27 +157,17 @@ def read_acceptance_trace(path: Path) -> list[np.ndarray]:
     An optional `request` column groups rows by request (in file order); steps.parquet from
     `profiler live` also has `mode`, and only its verification rows are kept.
     """
-    import pandas as pd
-
     field = "speculation.acceptance.trace"
-    try:
-        suffix = path.suffix.lower()
-        frame = (pd.read_parquet(path) if suffix == ".parquet"
-                 else pd.read_json(path, lines=True) if suffix in (".jsonl", ".json") else pd.read_csv(path))
-    except Exception as exc:
-        raise ScenarioError(field, f"cannot read {path}: {exc.__class__.__name__}") from None
-    if "accepted" not in frame.columns:
-        raise ScenarioError(field, f"{path} lacks column accepted")
+    frame = read_table(path, field)
     if "mode" in frame.columns:
         frame = frame[frame["mode"].isin(["verify", "partial", "full"])]
     if frame.empty:
         raise ScenarioError(field, f"{path} has no verification rows")
-    accepted = frame["accepted"].to_numpy()
-    if (accepted < 0).any():
-        raise ScenarioError(field, f"{path} has a negative accepted count")
+    accepted = numeric_column(frame, "accepted", path, field, integer=True, minimum=0)
     if "request" not in frame.columns:
-        return [accepted.astype(np.int64)]
-    return [group["accepted"].to_numpy(np.int64) for _, group in frame.groupby("request", sort=False)]
+        return [accepted]
+    groups = frame.groupby("request", sort=False).indices.values()
+    return [accepted[rows] for rows in groups]
 
 
 def build_acceptance(scenario: Scenario, requests: int, rng: np.random.Generator) -> AcceptanceModel:

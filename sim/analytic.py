@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.cost.batch import DECODE, DRAFT, VERIFY, PHASES, Group, uniform_group
-from sim.cost.memory import plan_memory
+from sim.cost.memory import draft_offloaded_layers, plan_memory
 from sim.cost.roofline import RooflineCostModel
 from sim.cost.stack import build_stacks
 from sim.scenario import Scenario, load_scenario
@@ -84,9 +84,10 @@ def steady_state(scenario: Scenario | dict | str, context_tokens: int, tokens_pe
         # The first draft forward of a drafter with its own KV catches up on a step's commits.
         q_first = tokens_per_step if stacks.draft_owns_kv else 1
         first = Group(DRAFT, 1, q_first, V, context_tokens, 1)
-        draft = cost.forward(stacks.draft, [first], shares)
+        streamed = draft_offloaded_layers(scenario, memory)
+        draft = cost.forward(stacks.draft, [first], shares, offloaded_layers=streamed)
         if k > 1:
             # Draft forward j reads j drafted tokens besides the context; j = 1 .. k-1 averages k/2.
             draft += cost.forward(stacks.draft, [uniform_group(DRAFT, 1, 1, context_tokens + k / 2)],
-                                  shares, repeat=k - 1)
+                                  shares, offloaded_layers=streamed, repeat=k - 1)
     return SteadyState(target, draft, verify, tokens_per_step, k)

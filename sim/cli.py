@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from sim.errors import ScenarioError
-from sim.scenario import load_scenario
+from sim.scenario import Scenario, load_scenario
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -78,7 +78,10 @@ def run_command(args) -> int:
         payload = [{"field": field, "value": v, **r.to_dict()} for v, r in zip(values, results)]
         text = format_rows(field, values, results)
     if args.out is not None:
-        write_atomic(args.out, json.dumps(payload, indent=2) + "\n")
+        try:
+            write_atomic(args.out, json.dumps(payload, indent=2) + "\n")
+        except OSError as exc:
+            raise ScenarioError("--out", f"cannot write {args.out}: {exc.strerror or exc}") from None
     print(json.dumps(payload) if args.json else text)
     return 0
 
@@ -103,10 +106,12 @@ def set_field(mapping: dict, dotted: str, value) -> None:
     *parents, leaf = dotted.split(".")
     for key in parents:
         child = node.get(key)
-        if child is None or isinstance(child, str) and key in ("hardware", "engine"):
-            # `hardware: h100-sxm` refined by `--set hardware.memory_gb=40` becomes a preset mapping.
-            child = {"preset": child} if isinstance(child, str) else {}
+        if node is mapping and key in ("hardware", "engine") and not isinstance(child, dict):
+            # `--set hardware.memory_gb=40` refines the scenario's preset (or the default one).
+            child = {"preset": child if child is not None else Scenario.model_fields[key].default}
             node[key] = child
+        elif child is None:
+            child = node[key] = {}
         if not isinstance(child, dict):
             raise ScenarioError(dotted, f"{key} is not a mapping")
         node = child

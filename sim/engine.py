@@ -23,7 +23,7 @@ import simpy
 
 from sim.acceptance import AcceptanceModel, disagreement_probability
 from sim.cost.batch import DECODE, DRAFT, FULL, PARTIAL, PHASES, PREFILL, VERIFY, Group, uniform_group
-from sim.cost.memory import MemoryPlan
+from sim.cost.memory import MemoryPlan, draft_offloaded_layers
 from sim.cost.roofline import RooflineCostModel
 from sim.cost.stack import Stacks
 from sim.scenario import Scenario
@@ -50,7 +50,6 @@ class RunRecord:
     partial_steps: int = 0                 # SpecPV: request-steps verified against the partial KV
     full_verifications: int = 0            # SpecPV: request-steps verified against the full KV
     preemptions: int = 0
-    iterations: int = 0
 
 
 class _DecodeSlots:
@@ -98,10 +97,11 @@ class EngineSimulation:
         self.draft_forwards = spec.draft_depth
         self.tree_width = spec.tree.tokens_per_draft_forward if spec.tree is not None else 1
         self.partial = spec.partial_verify if self.speculative else None
-        self.max_batch = scenario.scheduler.max_batch
+        self.max_batch = min(scenario.scheduler.max_batch, memory.max_running or scenario.scheduler.max_batch)
         self.prefill_chunk = scenario.scheduler.prefill_chunk
         self.reserve_tokens = memory.partial_cache_tokens
         self.offloaded_layers = memory.offloaded_layers
+        self.draft_offloaded_layers = draft_offloaded_layers(scenario, memory)
         self.kv_offloaded = scenario.offload.kv
         # What the hot path must keep per request; each skipped array op is a microsecond.
         self.track_steps = self.speculative and acceptance.uses_steps
@@ -167,14 +167,20 @@ class EngineSimulation:
         s = self.slots
         while s.n and self.kv_used_tokens + s.n * self.verify_tokens > self.memory.kv_capacity_tokens:
             i = int(np.argmax(s.admit[:s.n]))
-            rid = int(s.rid[i])
-            self.kv_used_tokens -= int(s.ctx[i]) + self.reserve_tokens
-            self.ctx_sum -= int(s.ctx[i])
-            self.last_sum -= int(s.last[i])
-            self.generated[rid] = int(s.ctx[i]) - self.prompt_tokens[rid]
-            s.remove(i)
+            rid, ctx = self.release_slot(i)
+            self.generated[rid] = ctx - self.prompt_tokens[rid]
             self.waiting.appendleft(rid)
             self.record.preemptions += 1
+
+    def release_slot(self, i: int) -> tuple[int, int]:
+        """Remove decoding slot i and its KV, context and catch-up tokens from the running sums."""
+        s = self.slots
+        rid, ctx, last = s.rid.item(i), s.ctx.item(i), s.last.item(i)
+        self.kv_used_tokens -= ctx + self.reserve_tokens
+        self.ctx_sum -= ctx
+        self.last_sum -= last
+        s.remove(i)
+        return rid, ctx
 
     def prefill_chunks(self) -> list[tuple[list[int], int]]:
         """Share the iteration's prefill token budget among prefilling requests, oldest first."""
@@ -239,14 +245,16 @@ class EngineSimulation:
             seconds = cost.forward_uniform(draft, DRAFT, n, self.verify_tokens, ctx_sum, shares,
                                            tokens=self.last_sum, logits_tokens=n, context=ctx)
         else:
-            seconds = cost.forward_uniform(draft, DRAFT, n, 1, ctx_sum, shares, context=ctx)
+            seconds = cost.forward_uniform(draft, DRAFT, n, 1, ctx_sum, shares, context=ctx,
+                                           offloaded_layers=self.draft_offloaded_layers)
         rest = self.draft_forwards - 1
         if rest:
             # Forward j (1 .. rest) reads j x width drafted tokens besides the context.
             width = self.tree_width
             mean_extra = width * (rest + 1) / 2
             seconds += cost.forward_uniform(draft, DRAFT, n, width, ctx_sum + n * mean_extra, shares,
-                                            context=ctx, kv_offset=mean_extra, repeat=rest)
+                                            context=ctx, kv_offset=mean_extra, repeat=rest,
+                                            offloaded_layers=self.draft_offloaded_layers)
         return seconds
 
     def plan_partial_verify(self, n, ctx, groups, plan, shares) -> float:
@@ -387,12 +395,8 @@ class EngineSimulation:
             record.divergent_tokens += float((p * unchecked).sum())
         closed = self.requests.closed_concurrency is not None
         for i in done[::-1].tolist():
-            rid, ctx, last = s.rid.item(i), s.ctx.item(i), s.last.item(i)
+            rid, _ = self.release_slot(i)
             record.finish_s[rid] = now
-            self.kv_used_tokens -= ctx + self.reserve_tokens
-            self.ctx_sum -= ctx
-            self.last_sum -= last
-            s.remove(i)
             self.finished += 1
             if closed:
                 self.arrive_next_closed()
@@ -406,24 +410,18 @@ class EngineSimulation:
             if self.waiting:
                 self.admit_waiting()
             if self.slots.n == 0 and not self.prefilling:
-                if not self.waiting:
-                    self.wake = self.env.event()
-                    yield self.wake
-                    self.wake = None
-                    continue
-                # Nothing running and the head of the queue does not fit: memory plan guarantees
-                # one request fits, so this only happens transiently; admit it anyway.
-                rid = self.waiting.popleft()
-                prompt = self.prompt_tokens[rid] + self.generated[rid]
-                self.prefilling.append([rid, 0, prompt])
-                self.kv_used_tokens += prompt + self.reserve_tokens
+                # plan_memory guarantees the longest request fits an empty cache, so an idle engine
+                # means an empty queue: wait for the next arrival.
+                self.wake = self.env.event()
+                yield self.wake
+                self.wake = None
+                continue
             if self.kv_used_tokens + self.slots.n * self.verify_tokens > self.memory.kv_capacity_tokens:
                 self.make_room_for_step()
             chunks = self.prefill_chunks() if self.prefilling else ()
             step_s, plan = self.price_iteration(chunks, shares)
             yield self.env.timeout(step_s)
             record.step_s.append(step_s)
-            record.iterations += 1
             self.commit(chunks, plan)
 
     def run(self) -> RunRecord:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -50,6 +50,7 @@ class RunMetrics:
     time_share: dict[str, float]
     phase_s: dict[str, float]
     peak_kv_tokens: int
+    peak_batch: int                        # most requests decoding in one iteration
     preemptions: int
     goodput_tok_s: float | None = None    # output tokens/s of requests within both SLO thresholds
     slo_attainment: float | None = None   # fraction of requests within both thresholds
@@ -80,19 +81,19 @@ def summarize(record: RunRecord, scenario: Scenario) -> RunMetrics:
         hist = np.array([0, int(decoding.sum())])
         tps = 1.0
     # Decode-only throughput (long-context papers): tokens after the first, over time not spent on
-    # prefill. Prefill time is its share of iterations; idle gaps stay in the denominator.
-    prefill_s = record.phase_s[PREFILL] / busy * float(steps.sum()) if busy else 0.0
-    decode_time = makespan - prefill_s
+    # prefill (the prefill part of every iteration); idle gaps stay in the denominator.
+    decode_time = makespan - record.phase_s[PREFILL]
     decode_tokens = total_out - len(outputs)
     metrics = RunMetrics(
         makespan_s=makespan, output_tokens=total_out,
         throughput_tok_s=total_out / makespan if makespan > 0 else math.inf,
         decode_throughput_tok_s=decode_tokens / decode_time if decode_time > 0 else math.nan,
-        iterations=record.iterations, tokens_per_step=tps,
+        iterations=len(steps), tokens_per_step=tps,
         tokens_per_step_histogram={int(i): int(c) for i, c in enumerate(hist) if c},
         ttft_ms=percentiles_ms(ttft), tpot_ms=percentiles_ms(tpot),
         itl_ms=percentiles_ms(steps, decoding), e2e_ms=percentiles_ms(e2e),
         time_share=share, phase_s=phase_s, peak_kv_tokens=record.peak_kv_tokens,
+        peak_batch=int(decoding.max()) if decoding.size else 0,
         preemptions=record.preemptions, ttft_s=ttft, tpot_s=tpot)
     slo = scenario.slo
     if slo.ttft_ms_p90 is not None or slo.tpot_ms_p90 is not None:
@@ -155,6 +156,7 @@ class Result:
             "iterations": run.iterations, "baseline_iterations": base.iterations,
             "peak_kv_gb": self.memory["peak_kv_gb"], "baseline_peak_kv_gb": self.memory["baseline_peak_kv_gb"],
             "preemptions": run.preemptions,
+            "peak_batch": run.peak_batch, "baseline_peak_batch": base.peak_batch,
             "goodput_tok_s": run.goodput_tok_s, "baseline_goodput_tok_s": base.goodput_tok_s,
             "slo_attainment": run.slo_attainment, "baseline_slo_attainment": base.slo_attainment,
             "slo_met": run.slo_met, "baseline_slo_met": base.slo_met,
@@ -179,8 +181,3 @@ def _json_safe(value):
         return _json_safe(value.item())
     return value
 
-
-def run_metrics_dict(metrics: RunMetrics) -> dict:
-    d = asdict(metrics)
-    d.pop("ttft_s"), d.pop("tpot_s")
-    return _json_safe(d)

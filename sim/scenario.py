@@ -25,7 +25,7 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class LengthDist(Strict):
@@ -236,7 +236,7 @@ class Scenario(Strict):
     slo: Slo = Slo()
     seed: NonNegativeInt = 0
 
-    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True, allow_inf_nan=False)
 
     # Presets resolved once. pydantic keeps cached_property values out of validation.
     @cached_property
@@ -267,6 +267,10 @@ class Scenario(Strict):
 
 
 def resolve_hardware(value: str | dict) -> HardwareSpec:
+    if not isinstance(value, (str, dict)):
+        raise ScenarioError("hardware", f"must be a preset name or a mapping (got {value!r})")
+    if isinstance(value, dict) and "preset" in value and not isinstance(value["preset"], str):
+        raise ScenarioError("hardware.preset", f"must be a preset name (got {value['preset']!r})")
     if isinstance(value, str):
         if value not in HARDWARE:
             raise ScenarioError("hardware", f"unknown preset {value!r} (known: {', '.join(HARDWARE)})")
@@ -298,6 +302,10 @@ def _check_link(spec: HardwareSpec) -> HardwareSpec:
 
 
 def resolve_engine(value: str | dict) -> EngineSpec:
+    if not isinstance(value, (str, dict)):
+        raise ScenarioError("engine", f"must be a preset name or a mapping (got {value!r})")
+    if isinstance(value, dict) and not isinstance(value.get("preset", "vllm"), str):
+        raise ScenarioError("engine.preset", f"must be a preset name (got {value['preset']!r})")
     if isinstance(value, str):
         if value not in ENGINES:
             raise ScenarioError("engine", f"unknown preset {value!r} (known: {', '.join(ENGINES)})")
@@ -309,7 +317,7 @@ def resolve_engine(value: str | dict) -> EngineSpec:
     base = resolve_engine(value.get("preset", "vllm"))
     overrides = {k: v for k, v in value.items() if k != "preset"}
     for key, number in overrides.items():
-        if key != "name" and (not isinstance(number, (int, float)) or number < 0):
+        if key != "name" and (not _is_finite_number(number) or number < 0):
             raise ScenarioError(f"engine.{key}", f"must be a non-negative number (got {number!r})")
     for key in ("mem_efficiency", "compute_efficiency", "link_efficiency"):
         if key in overrides and not 0 < overrides[key] <= 1:
@@ -338,8 +346,12 @@ def _check_positive_numbers(prefix: str, mapping: dict) -> None:
     for key, number in mapping.items():
         if key in ("name", "interconnect"):
             continue
-        if isinstance(number, bool) or not isinstance(number, (int, float)) or number <= 0:
+        if not _is_finite_number(number) or number <= 0:
             raise ScenarioError(f"{prefix}.{key}", f"must be a positive number (got {number!r})")
+
+
+def _is_finite_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def load_scenario(source: "Scenario | dict | str | Path") -> Scenario:
@@ -433,9 +445,16 @@ def _check_semantics(scenario: Scenario) -> None:
     model = scenario.model_spec
     scenario.hardware_spec, scenario.engine_spec, scenario.draft_spec  # resolve now, fail early
     tp = scenario.tensor_parallel
-    if model.heads % tp or (model.kv_heads % tp and tp % model.kv_heads):
-        raise ScenarioError("tensor_parallel", f"{tp} does not divide {model.name}'s {model.heads} heads "
-                                               f"and {model.kv_heads} KV heads")
+    for shaped in filter(None, (model, scenario.draft_spec)):
+        if shaped.heads % tp or (shaped.kv_heads % tp and tp % shaped.kv_heads):
+            raise ScenarioError("tensor_parallel", f"{tp} does not divide {shaped.name}'s {shaped.heads} heads "
+                                                   f"and {shaped.kv_heads} KV heads")
+    draft = scenario.draft_spec
+    # Families pad their embeddings differently (Qwen2.5: 151936 vs 152064), so allow a little slack.
+    if draft is not None and abs(draft.vocab - model.vocab) > 0.01 * model.vocab:
+        raise ScenarioError("speculation.draft.model",
+                            f"{draft.name}'s vocabulary ({draft.vocab}) is not {model.name}'s ({model.vocab}); "
+                            f"a draft model must share the target's tokenizer")
     spec = scenario.speculation
     if spec.method == "layerskip" and spec.draft.exit_layer >= model.layers:
         raise ScenarioError("speculation.draft.exit_layer",

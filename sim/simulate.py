@@ -26,7 +26,7 @@ def simulate(scenario: Scenario | dict | str | Path) -> Result:
     """
     scenario = load_scenario(scenario)
     requests = build_requests(scenario)
-    concurrency = requests.closed_concurrency or min(scenario.scheduler.max_batch, len(requests))
+    concurrency = min(requests.closed_concurrency or len(requests), scenario.scheduler.max_batch)
     max_request_tokens = requests.max_tokens + scenario.speculation.verify_tokens
 
     baseline_scenario = scenario.with_method_none()
@@ -55,6 +55,7 @@ def simulate(scenario: Scenario | dict | str | Path) -> Result:
         "baseline_offloaded_layers": base_memory.offloaded_layers,
         "weights_resident_gb": memory.weight_bytes_resident / GB,
         "kv_capacity_tokens": memory.kv_capacity_tokens,
+        "max_running": memory.max_running,
         "baseline_kv_capacity_tokens": base_memory.kv_capacity_tokens,
         "peak_kv_tokens": record.peak_kv_tokens, "baseline_peak_kv_tokens": base_record.peak_kv_tokens,
         "peak_kv_gb": kv_gb(memory, record), "baseline_peak_kv_gb": kv_gb(base_memory, base_record),

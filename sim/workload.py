@@ -11,6 +11,7 @@ import numpy as np
 
 from sim.errors import ScenarioError
 from sim.scenario import LengthDist, Scenario
+from sim.tables import numeric_column, read_table
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,8 @@ def sample_lengths(spec, count: int, rng: np.random.Generator) -> np.ndarray:
     else:  # uniform with this mean and std: width = std * sqrt(12)
         half_width = spec.std * np.sqrt(3.0)
         values = rng.uniform(spec.mean - half_width, spec.mean + half_width, count)
-    upper = spec.max if spec.max is not None else np.inf
+    # Clip in floating point first: a huge mean must not wrap around in the integer cast.
+    upper = spec.max if spec.max is not None else float(np.iinfo(np.int32).max)
     return np.clip(np.rint(values), spec.min, upper).astype(np.int64)
 
 
@@ -63,6 +65,8 @@ def build_requests(scenario: Scenario) -> Requests:
         if workload.arrival == "poisson":
             arrival = np.cumsum(rng.exponential(1.0 / workload.rate_qps, n))
             arrival -= arrival[0]
+            if not np.isfinite(arrival).all():
+                raise ScenarioError("workload.rate_qps", f"{workload.rate_qps!r} is too small: arrival times overflow")
             closed = None
         else:
             arrival = np.full(n, np.nan)
@@ -74,7 +78,8 @@ def build_requests(scenario: Scenario) -> Requests:
     worst = int(np.argmax(need))
     if need[worst] > model.max_context:
         parts = f"prompt {int(prompt[worst])} + output {int(output[worst])}" + (f" + {drafted} drafted" if drafted else "")
-        raise ScenarioError("workload.prompt_tokens",
+        field = "workload.output_tokens" if output[worst] > prompt[worst] else "workload.prompt_tokens"
+        raise ScenarioError(field,
                             f"request {worst} needs {int(need[worst])} tokens of context ({parts}), "
                             f"beyond {model.name}'s maximum {model.max_context}")
     return requests
@@ -82,29 +87,12 @@ def build_requests(scenario: Scenario) -> Requests:
 
 def read_trace(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A request trace: CSV, Parquet or JSONL with arrival_s, prompt_tokens, output_tokens."""
-    import pandas as pd
-
-    suffix = path.suffix.lower()
-    try:
-        if suffix == ".parquet":
-            frame = pd.read_parquet(path)
-        elif suffix in (".jsonl", ".json"):
-            frame = pd.read_json(path, lines=True)
-        else:
-            frame = pd.read_csv(path)
-    except Exception as exc:  # pandas raises many types for unreadable files
-        raise ScenarioError("workload.trace", f"cannot read {path}: {exc.__class__.__name__}") from None
-    for column in ("arrival_s", "prompt_tokens", "output_tokens"):
-        if column not in frame.columns:
-            raise ScenarioError("workload.trace", f"{path} lacks column {column}")
+    field = "workload.trace"
+    frame = read_table(path, field)
     if frame.empty:
-        raise ScenarioError("workload.trace", f"{path} has no rows")
-    frame = frame.sort_values("arrival_s", kind="stable")
-    prompt = frame["prompt_tokens"].to_numpy(np.int64)
-    output = frame["output_tokens"].to_numpy(np.int64)
-    if (prompt <= 0).any() or (output <= 0).any():
-        raise ScenarioError("workload.trace", f"{path} has a non-positive token count")
-    arrival = frame["arrival_s"].to_numpy(float)
-    if np.isnan(arrival).any() or (arrival < 0).any():
-        raise ScenarioError("workload.trace", f"{path} has a missing or negative arrival_s")
-    return arrival, prompt, output
+        raise ScenarioError(field, f"{path} has no rows")
+    arrival = numeric_column(frame, "arrival_s", path, field, integer=False, minimum=0)
+    prompt = numeric_column(frame, "prompt_tokens", path, field, integer=True, minimum=1)
+    output = numeric_column(frame, "output_tokens", path, field, integer=True, minimum=1)
+    order = np.argsort(arrival, kind="stable")
+    return arrival[order], prompt[order], output[order]

@@ -44,6 +44,19 @@ CASES = [
     ("per-position spread too wide", with_changes(speculation__acceptance={"per_position": [0.9, 0.8, 0.7],
                                                                           "request_spread": 0.5}),
      "speculation.acceptance.request_spread: 0.5 is too wide for a Beta with mean 0.8"),
+    ("draft model of another family", with_changes(speculation__method="draft_model",
+                                                    speculation__draft={"model": "smollm2-135m"}),
+     "speculation.draft.model: smollm2-135m's vocabulary (49152) is not llama-3.1-8b's (128256)"),
+    ("draft model not divisible by TP", with_changes(model="llama-2-70b", tensor_parallel=8, speculation__method="draft_model",
+                                                     speculation__draft={"model": "vicuna-33b"}),
+     "tensor_parallel: 8 does not divide vicuna-33b's 52 heads"),
+    ("non-string preset", with_changes(hardware={"preset": 5}), "hardware.preset: must be a preset name (got 5)"),
+    ("infinite datasheet number", with_changes(hardware={"preset": "h100-sxm", "memory_gb": float("inf")}),
+     "hardware.memory_gb: must be a positive number (got inf)"),
+    ("NaN engine overhead", with_changes(engine={"preset": "vllm", "step_overhead_s": float("nan")}),
+     "engine.step_overhead_s: must be a non-negative number (got nan)"),
+    ("huge sampled prompt", with_changes(workload__prompt_tokens={"dist": "normal", "mean": 1e30}),
+     "workload.prompt_tokens: request 0 needs"),
     ("unknown pcie generation", with_changes(hardware={"preset": "h100-sxm", "pcie_gen": 7}),
      "hardware.pcie_gen: 7 is not one of [3, 4, 5]"),
     ("context beyond maximum", with_changes(model="llama-2-7b", workload__prompt_tokens=4000, workload__output_tokens=200),
@@ -92,3 +105,56 @@ def test_missing_and_malformed_scenario_files(tmp_path):
         proc = subprocess.run([sys.executable, "-m", "sim", "run", str(path)], capture_output=True, text=True, cwd=REPO)
         assert proc.returncode == 2
         assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+
+
+def run_cli(tmp_path, scenario, *extra):
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump(scenario))
+    return subprocess.run([sys.executable, "-m", "sim", "run", str(path), *extra], capture_output=True, text=True,
+                          cwd=REPO)
+
+
+@pytest.mark.parametrize("content,message", [
+    ("accepted\n1\n2.5\n", "row 1: accepted must be an integer below 2^31, >= 0 (got 2.5)"),
+    ("request,accepted\n0,1\n0,\n", "row 1: accepted must be an integer below 2^31, >= 0 (got nan)"),
+    ("accepted\n1\nx\n", "row 1: accepted must be an integer below 2^31, >= 0 (got 'x')"),
+    ("steps\n1\n", "lacks column accepted"),
+])
+def test_bad_acceptance_trace_is_one_line(tmp_path, content, message):
+    trace = tmp_path / "accepted.csv"
+    trace.write_text(content)
+    proc = run_cli(tmp_path, with_changes(speculation__acceptance={"trace": str(trace)}))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().startswith("error: speculation.acceptance.trace: ") and message in proc.stderr
+
+
+@pytest.mark.parametrize("content,message", [
+    ("arrival_s,prompt_tokens,output_tokens\n0,1e30,20\n", "row 0: prompt_tokens must be an integer below 2^31"),
+    ("arrival_s,prompt_tokens,output_tokens\n-1,10,20\n", "row 0: arrival_s must be a number, >= 0 (got -1)"),
+    ("arrival_s,prompt_tokens\n0,10\n", "lacks column output_tokens"),
+])
+def test_bad_request_trace_is_one_line(tmp_path, content, message):
+    trace = tmp_path / "trace.csv"
+    trace.write_text(content)
+    proc = run_cli(tmp_path, with_changes(workload__arrival="trace", workload__trace=str(trace)))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().startswith("error: workload.trace: ") and message in proc.stderr
+
+
+@pytest.mark.parametrize("config,message", [
+    ([1, 2], "config.json must hold a mapping"),
+    ({"hidden_size": 64, "num_attention_heads": 0}, "num_attention_heads must be a positive integer (got 0)"),
+    ({"num_attention_heads": 4}, "config.json lacks hidden_size"),
+])
+def test_bad_config_json_is_one_line(tmp_path, config, message):
+    import json
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    proc = run_cli(tmp_path, with_changes(model=str(path)))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().startswith("error: model: ") and message in proc.stderr
+
+
+def test_unwritable_out_is_one_line(tmp_path):
+    proc = run_cli(tmp_path, BASE, "--out", str(tmp_path))
+    assert proc.returncode == 2 and proc.stderr.strip() == f"error: --out: cannot write {tmp_path}: Is a directory"

@@ -238,3 +238,26 @@ def test_slo_met_reads_the_p90_of_ttft_and_tpot():
     met = sim.simulate({**s, "slo": {"ttft_ms_p90": p90_ttft * 1.01, "tpot_ms_p90": p90_tpot * 1.01}})
     missed = sim.simulate({**s, "slo": {"ttft_ms_p90": p90_ttft * 0.99}})
     assert met.run.slo_met is True and missed.run.slo_met is False
+
+
+def test_a_streaming_self_draft_streams_the_offloaded_layers_too():
+    def run(fraction):
+        return sim.simulate(scenario({"prompt_tokens": 512, "output_tokens": 128},
+                                     {"method": "streaming", "num_speculative_tokens": 4, "draft": {"kv_budget": 256},
+                                      "acceptance": {"rate": 0.7}}, offload={"weights": fraction}))
+    resident, half = run(0.0), run(0.5)
+    # Every draft forward reads all layers: offloading slows the draft as much as the target.
+    assert half.speedup < resident.speedup
+    assert half.run.phase_s["transfer"] > 4 * half.baseline.phase_s["transfer"] * half.run.iterations / half.baseline.iterations
+
+
+def test_kv_on_the_host_bounds_the_batch_by_partial_caches_on_the_device():
+    result = sim.simulate({"hardware": "rtx-4090", "model": "llama-3.1-8b",
+                           "workload": {"concurrency": 64, "requests": 64, "prompt_tokens": 3000, "output_tokens": 400},
+                           "speculation": {"method": "eagle", "acceptance": {"rate": 0.7},
+                                           "partial_verify": {"budget": 2048}},
+                           "offload": {"kv": True}, "scheduler": {"prefill_chunk": 65536}})
+    max_running = result.memory["max_running"]
+    assert 1 <= max_running < 64
+    assert result.run.peak_batch <= max_running
+    assert result.baseline.peak_batch == 64       # no partial caches: the host holds every KV

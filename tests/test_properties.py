@@ -10,7 +10,14 @@ from sim.scenario import load_scenario
 HARDWARE = st.sampled_from(["h100-sxm", "a100-80g", "l40", "rtx-4090"])
 MODELS = st.sampled_from(["llama-3.1-8b", "qwen2.5-7b", "llama-3.2-1b", "qwen3-4b"])
 METHODS = st.sampled_from([("eagle", {}), ("ngram", {}), ("shadow", {"bits": 4}), ("layerskip", {"exit_layer": 4}),
-                           ("medusa", {}), ("draft_model", {"model": "smollm2-135m"})])
+                           ("medusa", {}), ("draft_model", {"model": "DRAFT"})])
+# A draft model of the target's own family (same tokenizer).
+DRAFT_FOR = {"llama-3.1-8b": "llama-3.2-1b", "llama-3.2-1b": "llama-3.2-1b", "qwen2.5-7b": "qwen2.5-1.5b",
+             "qwen3-4b": "qwen3-4b"}
+
+
+def with_family_draft(draft: dict, model: str) -> dict:
+    return {**draft, "model": DRAFT_FOR[model]} if draft.get("model") == "DRAFT" else draft
 FAST = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -27,7 +34,7 @@ def test_speedup_falls_as_acceptance_falls(hardware, model, method, batch, k, lo
             "workload": {"concurrency": batch, "requests": batch, "prompt_tokens": 200, "output_tokens": 120}}
 
     def speedup(tokens_per_step):
-        spec = {"method": name, "num_speculative_tokens": k, "draft": draft,
+        spec = {"method": name, "num_speculative_tokens": k, "draft": with_family_draft(draft, model),
                 "acceptance": {"tokens_per_step": tokens_per_step}}
         return sim.simulate({**base, "speculation": spec}).speedup
 
@@ -63,6 +70,6 @@ def test_same_seed_same_result(seed, rate, spread, batch, method):
                 "workload": {"concurrency": batch, "requests": 2 * batch,
                              "prompt_tokens": {"dist": "lognormal", "mean": 300, "std": 150},
                              "output_tokens": {"dist": "uniform", "mean": 100, "std": 30}},
-                "speculation": {"method": name, "draft": draft,
+                "speculation": {"method": name, "draft": with_family_draft(draft, "llama-3.1-8b"),
                                 "acceptance": {"rate": rate, "request_spread": spread}}}
     assert sim.simulate(scenario).to_dict() == sim.simulate(scenario).to_dict()

@@ -26,6 +26,7 @@ class MemoryPlan:
     kv_bytes_per_token: float      # target + draft KV of one token, this GPU's shard
     partial_cache_tokens: int      # SpecPV: extra tokens of partial cache held per request
     kv_capacity_tokens: int        # KV tokens the scheduler may hold (device, or host with kv offload)
+    max_running: int | None = None  # with KV on the host, the SpecPV partial caches that fit the device
 
     @property
     def weight_bytes_resident(self) -> float:
@@ -75,9 +76,12 @@ def plan_memory(scenario: Scenario, stacks: Stacks, max_request_tokens: int, con
         raise ScenarioError("hardware.host_memory_gb",
                             f"{scenario.hardware_spec.host_memory_gb:g} GB cannot hold the {offloaded} offloaded "
                             f"layers ({host_weights / GB:.1f} GB)")
+    max_running = None
     if scenario.offload.kv:
         kv_capacity = (host_memory - host_weights) / tp / kv_per_token   # host shared by the ranks
         device_needed = partial_tokens * kv_per_token
+        if partial_tokens:
+            max_running = max(1, math.floor(free_device / device_needed))
     else:
         kv_capacity = free_device / kv_per_token
         device_needed = one_request_bytes
@@ -88,13 +92,26 @@ def plan_memory(scenario: Scenario, stacks: Stacks, max_request_tokens: int, con
             f"{fixed / GB:.2f} GB of embeddings, draft and workspace plus {resident} resident layers "
             f"plus one request's KV ({one_request_bytes / GB:.2f} GB)")
     return MemoryPlan(budget, fixed, resident, offloaded, layer_bytes, kv_per_token, partial_tokens,
-                      int(kv_capacity))
+                      int(kv_capacity), max_running)
+
+
+def draft_offloaded_layers(scenario: Scenario, memory: MemoryPlan) -> int:
+    """Offloaded target layers a self-draft reads. The first `resident_layers` layers stay on the
+    device, so LayerSkip's early exit streams only the offloaded ones among its first layers; a
+    streaming self-draft runs every layer; other drafters have weights of their own."""
+    method = scenario.speculation.method
+    if method == "streaming":
+        return memory.offloaded_layers
+    if method == "layerskip":
+        return max(0, scenario.speculation.draft.exit_layer - memory.resident_layers)
+    return 0
 
 
 def _offloaded_layers(scenario: Scenario, budget: float, fixed: float, layer_bytes: float,
                       kv_reserve: float, one_request_kv: float, layers: int) -> int:
     """Target layers whose weights live on the host.
 
+    Offloaded layers are the last ones (a forward streams them after computing the resident first).
     auto: none while all weights fit beside one request's KV (the scheduler then runs as large a
     batch as the remaining KV allows, as vLLM does); otherwise keep resident as many layers as fit
     beside the KV of the workload's concurrency (SubSpec's consumer-GPU setting).

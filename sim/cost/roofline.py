@@ -159,10 +159,6 @@ class RooflineCostModel:
         `repeat` prices sequential draft forwards that differ only by a token of KV each: give the
         groups their mean KV, which is exact while attention is memory-bound (linear in KV).
         """
-        return self._forward(stack, groups, shares, offloaded_layers, kv_offloaded, repeat)
-
-    def _forward(self, stack: Stack, groups: Sequence[Group], shares: list[float], offloaded_layers: int,
-                 kv_offloaded: bool, repeat: int) -> float:
         c = self._cost_of(stack)
         tokens = 0
         logits = 0
@@ -284,6 +280,3 @@ class RooflineCostModel:
         seconds = self.engine.step_overhead_s + requests * self.engine.request_overhead_s
         shares[OVERHEAD] += seconds
         return seconds
-
-    def weight_stream_time_s(self, stack: Stack, layers: int) -> float:
-        return layers * self._cost_of(stack).layer_weight_bytes / self.link_bytes_s

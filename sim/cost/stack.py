@@ -7,7 +7,7 @@ once per scenario (`build_stacks`); the cost models price them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sim.presets import ModelSpec
 from sim.scenario import Scenario
@@ -65,7 +65,6 @@ class Stacks:
     # Does the draft keep a KV cache of its own (memory), and does it read the target's KV?
     draft_owns_kv: bool = False
     draft_weights_resident_bytes: float = 0.0
-    extra: dict = field(default_factory=dict)
 
 
 def build_stacks(scenario: Scenario) -> Stacks:

@@ -42,10 +42,6 @@ class ModelSpec:
     def params(self) -> int:
         return self.layers * self.decoder_layer_params + self.embedding_params
 
-    def kv_bytes_per_token(self, dtype_bytes: float) -> float:
-        """K and V of one token across all layers."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
-
 
 def _m(name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, tied, max_context) -> ModelSpec:
     return ModelSpec(name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, tied, max_context)
@@ -92,24 +88,34 @@ def load_hf_config(path: Path) -> ModelSpec:
         config = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"cannot read {path} as a config.json ({exc.__class__.__name__})") from None
-    architectures = config.get("architectures") or []
+    architectures = (config.get("architectures") or []) if isinstance(config, dict) else []
     if architectures and not set(architectures) & SUPPORTED_ARCHITECTURES:
         raise ValueError(f"{path}: architecture {architectures[0]} is not of the Llama family "
                          f"({', '.join(sorted(SUPPORTED_ARCHITECTURES))})")
-    try:
-        hidden = int(config["hidden_size"])
-        heads = int(config["num_attention_heads"])
-        return ModelSpec(
-            name=Path(path).parent.name or Path(path).stem,
-            layers=int(config["num_hidden_layers"]),
-            hidden=hidden,
-            heads=heads,
-            kv_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(config.get("head_dim") or hidden // heads),
-            ffn=int(config["intermediate_size"]),
-            vocab=int(config["vocab_size"]),
-            tied_embeddings=bool(config.get("tie_word_embeddings", False)),
-            max_context=int(config.get("max_position_embeddings", 4096)),
-        )
-    except KeyError as exc:
-        raise ValueError(f"{path}: config.json lacks {exc.args[0]}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: config.json must hold a mapping")
+
+    def positive(key: str, default=None) -> int:
+        value = config.get(key)
+        if value is None:
+            value = default
+        if value is None:
+            raise ValueError(f"{path}: config.json lacks {key}")
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{path}: {key} must be a positive integer (got {value!r})")
+        return value
+
+    hidden = positive("hidden_size")
+    heads = positive("num_attention_heads")
+    return ModelSpec(
+        name=Path(path).parent.name or Path(path).stem,
+        layers=positive("num_hidden_layers"),
+        hidden=hidden,
+        heads=heads,
+        kv_heads=positive("num_key_value_heads", heads),
+        head_dim=positive("head_dim", hidden // heads or None),
+        ffn=positive("intermediate_size"),
+        vocab=positive("vocab_size"),
+        tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+        max_context=positive("max_position_embeddings", 4096),
+    )

@@ -1,0 +1,16 @@
+"""The benchmarks run and report what docs/performance.md quotes (figures are not checked here)."""
+import json
+import subprocess
+import sys
+
+from conftest import REPO
+
+
+def test_iteration_benchmark_reports_its_figures():
+    proc = subprocess.run([sys.executable, "benchmarks/bench_sim_iterations.py", "--repeats", "1"],
+                          cwd=REPO, capture_output=True, text=True, check=True)
+    report = json.loads(proc.stdout)
+    assert report["iterations"] > 3000
+    assert report["iterations_per_s"] > 0 and report["engine_only_iterations_per_s"] > 0
+    assert set(report["us_per_iteration_best"]) == {"main_baseline", "main_speculative",
+                                                    "decode_only_baseline", "decode_only_speculative"}

@@ -67,6 +67,21 @@ class _StackCost:
         # Attention can be priced from KV sums alone unless a KV window clips each request.
         self.memory_bound_attention = stack.kv_window is None
         self.attends = stack.attention and stack.layers > 0
+        # Below its ridge each linear is memory-bound, so up to the smallest ridge a set of them
+        # costs (weight bytes + tokens x activation bytes) / bandwidth: a line in tokens.
+        self.layer_line = self.memory_bound_line(self.linears)
+        self.extra_line = self.memory_bound_line(self.extra_linears)
+        self.lm_line = self.memory_bound_line([self.lm_head] if self.lm_head is not None else [])
+
+    def memory_bound_line(self, ops: list[_Linear]) -> tuple[float, float, float]:
+        """(seconds at zero tokens, seconds per token, largest token count where that is exact)."""
+        ridge = float("inf")
+        for op in ops:
+            excess = op.flops_per_token / self.flops_s - op.act_bytes_per_token / self.bytes_s
+            if excess > 0:
+                ridge = min(ridge, op.weight_bytes / self.bytes_s / excess)
+        return (sum(op.weight_bytes for op in ops) / self.bytes_s,
+                sum(op.act_bytes_per_token for op in ops) / self.bytes_s, ridge)
 
     def linear_time_s(self, ops: list[_Linear], tokens: float) -> float:
         total = 0.0
@@ -236,6 +251,16 @@ class RooflineCostModel:
     def batch_terms_s(self, c: _StackCost, tokens: float, logits: float) -> tuple[float, float]:
         """(shared, LM head) seconds of one forward of `tokens` query tokens, memoized: a serving
         run meets the same batch sizes again and again."""
+        layer_w, layer_a, layer_ridge = c.layer_line
+        extra_w, extra_a, extra_ridge = c.extra_line
+        lm_w, lm_a, lm_ridge = c.lm_line
+        if tokens <= layer_ridge and tokens <= extra_ridge and logits <= lm_ridge:
+            # Every linear memory-bound: the closed form, no loop, no memo.
+            shared = (c.layers * (layer_w + tokens * (layer_a + c.elementwise_bytes_per_token / c.bytes_s)
+                                  + 2 * self.allreduce_time_s(tokens * c.stack.hidden * self.act_bytes)
+                                  + self.engine.layer_overhead_s)
+                      + extra_w + tokens * extra_a + self.engine.forward_overhead_s)
+            return shared, (lm_w + logits * lm_a if logits else 0.0)
         key = (id(c), tokens, logits)
         terms = self._batch_terms.get(key)
         if terms is None:

@@ -157,7 +157,7 @@ class Llama(nn.Module):
         self.rope = rope_table(c, weight.device)
 
     def forward(self, tokens: Tensor, positions: Tensor, mask: Tensor | None = None,
-                logits_from: int = 0, logits_at: Tensor | None = None) -> Tensor:
+                logits_from: int = 0, logits_at: Tensor | None = None, exit_layer: int | None = None) -> Tensor:
         """tokens, positions: [B, T]; returns logits [B, T - logits_from, vocab] in fp32.
 
         mask: [B, 1, T, S] bool (True = may attend), default causal by position over S =
@@ -165,6 +165,7 @@ class Llama(nn.Module):
         logits_from: skip the LM head for the first tokens (prefill needs only the last).
         logits_at: [B] index of the one token per row whose logits to return ([B, 1, vocab]),
         for ragged prefills padded to a common length.
+        exit_layer: run only the first layers, then the final norm and LM head (LayerSkip draft).
         """
         if mask is None:
             mask = causal_mask(positions, int(positions.max()) + 1)
@@ -173,7 +174,7 @@ class Llama(nn.Module):
         rotation = self.rope[positions][:, :, None]   # [B, T, 1, D/2]
         cache_index = positions[:, None, :, None].expand(B, c.kv_heads, T, c.head_dim)
         x = self.embed(tokens)
-        for layer in self.layers:
+        for layer in self.layers[:exit_layer]:
             x = layer(x, cache_index, rotation, mask)
         if logits_at is not None:
             x = x[torch.arange(B, device=x.device), logits_at][:, None]
@@ -186,3 +187,11 @@ def causal_mask(positions: Tensor, slots: int) -> Tensor:
     """[B, 1, T, slots] bool: a query at position p sees cache slots 0..p."""
     keys = torch.arange(slots, device=positions.device)
     return (keys[None, None, None, :] <= positions[:, None, :, None])
+
+
+def streaming_mask(positions: Tensor, slots: int, sink: int, window: int) -> Tensor:
+    """Causal, restricted to the first `sink` slots and the `window` slots up to each query
+    (StreamingLLM's KV budget, MagicDec's self-draft)."""
+    keys = torch.arange(slots, device=positions.device)[None, None, None, :]
+    query = positions[:, None, :, None]
+    return (keys <= query) & ((keys < sink) | (keys > query - window))

@@ -1,0 +1,237 @@
+"""`python -m profiler live`: real speculative decoding on a real model, every step recorded.
+
+Runs the prompts in batches, greedy, with the chosen drafter (and the autoregressive baseline with
+--baseline or --check-lossless), and writes into --out, atomically (a temporary folder renamed at
+the end):
+  steps.parquet     one row per request per engine step (mode, tokens, drafted, accepted,
+                    per-position accept flags, committed, the batch step's wall times)
+  requests.parquet  prompt and output lengths, TTFT, TPOT, tokens per step
+  summary.json      throughput, baseline throughput and speedup, tokens per step, time shares
+  outputs.jsonl     each request's output text and token ids
+  meta.json         device, threads, versions, dtype, model and its hash, arguments, git revision, seed
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import tempfile
+from pathlib import Path
+
+from sim.errors import ScenarioError
+
+METHODS = ("none", "ngram", "layerskip", "streaming")
+
+
+def add_live_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="smollm2", help="smollm2 or a path to a Llama-family .gguf file")
+    parser.add_argument("--method", choices=METHODS, default="ngram")
+    parser.add_argument("--k", type=int, default=4, help="drafted tokens per step (chain)")
+    parser.add_argument("--exit-layer", type=int, default=8, help="layerskip: layers the draft runs")
+    parser.add_argument("--sink", type=int, default=16, help="streaming: sink tokens the draft attends")
+    parser.add_argument("--window", type=int, default=64, help="streaming: recent tokens the draft attends")
+    parser.add_argument("--batch", type=int, default=1, help="requests per batch")
+    parser.add_argument("--prompts", type=Path, required=True,
+                        help="JSONL with `prompt` or `turns` (first turn used), optional `category`")
+    parser.add_argument("--limit", type=int, default=None, help="use the first N prompts")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--baseline", action="store_true", help="also run autoregressive decoding: speedup")
+    parser.add_argument("--check-lossless", action="store_true",
+                        help="compare with autoregressive output and report mismatches (implies --baseline)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, required=True, help="output folder (must not exist)")
+
+
+def check_arguments(args) -> None:
+    for name in ("k", "batch", "max_new_tokens", "exit_layer", "sink", "window"):
+        if getattr(args, name) < 1:
+            raise ScenarioError(f"--{name.replace('_', '-')}", f"must be >= 1 (got {getattr(args, name)})")
+    if args.limit is not None and args.limit < 1:
+        raise ScenarioError("--limit", f"must be >= 1 (got {args.limit})")
+    if args.out.exists():
+        raise ScenarioError("--out", f"{args.out} exists; give a new folder")
+
+
+def read_prompts(path: Path, limit: int | None) -> list[dict]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise ScenarioError("--prompts", f"cannot read {path}: {exc.strerror or exc}") from None
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            raise ScenarioError("--prompts", f"{path} line {number} is not JSON") from None
+        text = row.get("prompt") if isinstance(row, dict) else None
+        if text is None and isinstance(row, dict) and row.get("turns"):
+            text = row["turns"][0]
+        if not isinstance(text, str) or not text:
+            raise ScenarioError("--prompts", f"{path} line {number} has no `prompt` or `turns`")
+        rows.append({"text": text, "category": row.get("category")})
+        if limit is not None and len(rows) == limit:
+            break
+    if not rows:
+        raise ScenarioError("--prompts", f"{path} has no prompts")
+    return rows
+
+
+def load_model(name: str):
+    import gguf
+
+    from profiler.gguf_loader import ModelLoadError, load_gguf, smollm2_path
+    from profiler.tokenizer import tokenizer_from_gguf
+
+    try:
+        path = smollm2_path() if name == "smollm2" else Path(name)
+        if name != "smollm2" and path.suffix != ".gguf":
+            raise ModelLoadError(f"unknown model {name!r} (smollm2 or a .gguf path)")
+        loaded = load_gguf(path)
+        return loaded, tokenizer_from_gguf(gguf.GGUFReader(loaded.path))
+    except (ModelLoadError, ValueError) as exc:
+        raise ScenarioError("--model", str(exc)) from None
+
+
+def make_drafter(args):
+    from profiler.speculative import NgramDrafter, SelfDrafter
+
+    if args.method == "none":
+        return None
+    if args.method == "ngram":
+        return NgramDrafter()
+    if args.method == "layerskip":
+        return SelfDrafter(exit_layer=args.exit_layer)
+    return SelfDrafter(sink=args.sink, window=args.window)
+
+
+def run_batches(model, prompts: list[list[int]], args, drafter, eos_id):
+    from profiler.speculative import speculative_generate
+
+    runs = []
+    for first in range(0, len(prompts), args.batch):
+        runs.append((first, speculative_generate(model, prompts[first:first + args.batch], args.max_new_tokens,
+                                                 drafter, k=args.k, eos_id=eos_id)))
+    return runs
+
+
+def live_command(args) -> int:
+    import torch
+
+    check_arguments(args)
+    rows = read_prompts(args.prompts, args.limit)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    loaded, tok = load_model(args.model)
+    model, config = loaded.model, loaded.config
+    if args.method == "layerskip" and args.exit_layer >= config.layers:
+        raise ScenarioError("--exit-layer", f"{args.exit_layer} must be below the model's {config.layers} layers")
+    prompts = [tok.encode_chat(row["text"]) for row in rows]
+    longest = max(len(p) for p in prompts)
+    if longest + args.max_new_tokens + args.k + 2 > config.max_context:
+        raise ScenarioError("--max-new-tokens", f"prompt {longest} + {args.max_new_tokens} new tokens exceed the "
+                                                f"model's maximum context {config.max_context}")
+    speculative = run_batches(model, prompts, args, make_drafter(args), tok.eos_id)
+    baseline = None
+    if args.baseline or args.check_lossless:
+        baseline = speculative if args.method == "none" else run_batches(model, prompts, args, None, tok.eos_id)
+    write_run(args, rows, prompts, tok, loaded, speculative, baseline)
+    return 0
+
+
+def write_run(args, rows, prompts, tok, loaded, speculative, baseline) -> None:
+    import pandas as pd
+
+    steps, requests, outputs = [], [], []
+    for first, gen in speculative:
+        for s in gen.steps:
+            steps.append({"run": "speculative", "request": first + s.request, "step": s.step, "mode": s.mode,
+                          "query_tokens": s.query_tokens, "kv_tokens": s.kv_tokens, "drafted": s.drafted,
+                          "accepted": s.accepted, "accept_flags": s.accept_flags, "committed": s.committed,
+                          "draft_s": s.draft_s, "verify_s": s.verify_s, "other_s": s.other_s})
+        for b, out in enumerate(gen.outputs):
+            rid = first + b
+            own = [s for s in gen.steps if s.request == b]
+            decode_s = gen.finish_s[b] - gen.first_token_s[b]
+            requests.append({"request": rid, "category": rows[rid]["category"], "prompt_tokens": len(prompts[rid]),
+                             "output_tokens": len(out), "ttft_s": gen.first_token_s[b],
+                             "tpot_s": decode_s / (len(out) - 1) if len(out) > 1 else None,
+                             "tokens_per_step": sum(s.committed for s in own) / len(own) if own else None})
+            outputs.append({"request": rid, "text": tok.decode(out), "tokens": out})
+    summary = summarize_run(speculative, baseline, args)
+    meta = run_meta(args, loaded)
+    out = args.out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        pd.DataFrame(steps).to_parquet(tmp / "steps.parquet", index=False)
+        pd.DataFrame(requests).to_parquet(tmp / "requests.parquet", index=False)
+        (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (tmp / "outputs.jsonl").write_text("".join(json.dumps(o) + "\n" for o in outputs))
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)          # mkdtemp makes it private; the result is an ordinary folder
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    print(json.dumps(summary, indent=2))
+
+
+def summarize_run(speculative, baseline, args) -> dict:
+    def throughput(runs) -> float:
+        tokens = sum(len(o) for _, gen in runs for o in gen.outputs)
+        return tokens / sum(gen.wall_s for _, gen in runs)
+
+    verify = [s for _, gen in speculative for s in gen.steps if s.mode in ("verify", "decode")]
+    seconds = {"prefill": sum(gen.prefill_s for _, gen in speculative),
+               "draft": sum(s.draft_s for s in _one_per_step(speculative)),
+               "verify": sum(s.verify_s for s in _one_per_step(speculative)),
+               "other": sum(s.other_s for s in _one_per_step(speculative))}
+    total = sum(seconds.values())
+    summary = {"method": args.method, "k": args.k if args.method != "none" else 0, "batch": args.batch,
+               "requests": sum(len(gen.outputs) for _, gen in speculative),
+               "throughput_tok_s": throughput(speculative),
+               "tokens_per_step": sum(s.committed for s in verify) / len(verify) if verify else None,
+               "time_share": {k: v / total for k, v in seconds.items()} if total else {}}
+    if baseline is not None:
+        summary["baseline_throughput_tok_s"] = throughput(baseline)
+        summary["speedup"] = summary["throughput_tok_s"] / summary["baseline_throughput_tok_s"]
+    if args.check_lossless:
+        mismatches = []
+        for (first, gen), (_, ar) in zip(speculative, baseline):
+            for b, (out, ref) in enumerate(zip(gen.outputs, ar.outputs)):
+                if out != ref:
+                    diverge = next((i for i, (x, y) in enumerate(zip(out, ref)) if x != y), min(len(out), len(ref)))
+                    mismatches.append({"request": first + b, "first_divergence": diverge})
+        summary["lossless_mismatches"] = mismatches
+    return summary
+
+
+def _one_per_step(runs):
+    """The batch step's wall times are repeated on every request's row: take each step once."""
+    for _, gen in runs:
+        seen = set()
+        for s in gen.steps:
+            if s.step not in seen:
+                seen.add(s.step)
+                yield s
+
+
+def run_meta(args, loaded) -> dict:
+    import torch
+
+    from sim.simulate import git_revision
+
+    return {"device": "cpu", "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version(),
+            "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch."),
+            "model": loaded.path.name, "model_hash": loaded.sha256_prefix, "config": loaded.config.__dict__,
+            "arguments": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "func"},
+            "git_revision": git_revision(), "seed": args.seed}

@@ -1,0 +1,72 @@
+"""`python -m profiler live`: the files it writes, and one-line errors that write nothing."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pd = pytest.importorskip("pandas")
+
+from conftest import REPO  # noqa: E402
+
+QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench_questions.jsonl"
+
+
+def live(*args, cwd=REPO):
+    return subprocess.run([sys.executable, "-m", "profiler", "live", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True)
+
+
+def test_live_run_writes_steps_requests_summary_outputs_and_meta(tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Count from 1 to 20: 1, 2, 3, 4, 5, 6, 7, 8, {i}",
+                                           "category": "count"}) + "\n" for i in (9, 9)))
+    out = tmp_path / "run"
+    proc = live("--method", "ngram", "--k", 3, "--batch", 2, "--prompts", prompts, "--max-new-tokens", 12,
+                "--check-lossless", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "outputs.jsonl", "requests.parquet",
+                                                    "steps.parquet", "summary.json"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["lossless_mismatches"] == []
+    assert summary["speedup"] == pytest.approx(summary["throughput_tok_s"] / summary["baseline_throughput_tok_s"])
+    assert summary["tokens_per_step"] > 1.5          # counting is what prompt lookup is good at
+    steps = pd.read_parquet(out / "steps.parquet")
+    assert set(steps.columns) >= {"request", "step", "mode", "query_tokens", "kv_tokens", "drafted", "accepted",
+                                  "accept_flags", "committed", "draft_s", "verify_s", "other_s"}
+    assert (steps["drafted"] == 3).all() and steps["committed"].between(1, 4).all()
+    requests = pd.read_parquet(out / "requests.parquet")
+    assert list(requests["output_tokens"]) == [12, 12]
+    assert (requests["ttft_s"] > 0).all()
+    meta = json.loads((out / "meta.json").read_text())
+    for key in ("device", "threads", "torch", "dtype", "model", "model_hash", "arguments", "git_revision", "seed"):
+        assert key in meta
+    outputs = [json.loads(line) for line in (out / "outputs.jsonl").read_text().splitlines()]
+    assert [len(o["tokens"]) for o in outputs] == [12, 12] and "2, 3" in outputs[0]["text"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "llama-9t"], "--model: unknown model 'llama-9t'"),
+    (["--model", "missing.gguf"], "--model: no such model file: missing.gguf"),
+    (["--k", "0"], "--k: must be >= 1 (got 0)"),
+    (["--method", "medusa"], "argument --method: invalid choice"),
+])
+def test_bad_live_arguments_are_one_line_and_write_nothing(tmp_path, args, message):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "hi"}) + "\n")
+    out = tmp_path / "out"
+    proc = live("--prompts", prompts, "--out", out, *args)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["p.jsonl"]
+
+
+def test_empty_prompt_file_and_existing_out_are_refused(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    proc = live("--prompts", empty, "--out", tmp_path / "out")
+    assert proc.returncode == 2 and "--prompts: " in proc.stderr and "has no prompts" in proc.stderr
+    proc = live("--prompts", empty, "--out", tmp_path)
+    assert proc.returncode == 2 and "exists; give a new folder" in proc.stderr

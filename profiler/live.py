@@ -23,6 +23,7 @@ from pathlib import Path
 from sim.errors import ScenarioError
 
 METHODS = ("none", "ngram", "layerskip", "streaming")
+DEFAULT_PROMPTS = Path(__file__).resolve().parent / "data" / "prompts.jsonl"
 
 
 def add_live_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,8 +34,9 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sink", type=int, default=16, help="streaming: sink tokens the draft attends")
     parser.add_argument("--window", type=int, default=64, help="streaming: recent tokens the draft attends")
     parser.add_argument("--batch", type=int, default=1, help="requests per batch")
-    parser.add_argument("--prompts", type=Path, required=True,
-                        help="JSONL with `prompt` or `turns` (first turn used), optional `category`")
+    parser.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS,
+                        help="JSONL with `prompt` or `turns` (first turn used), optional `category`; "
+                             "default: the project's own 12 prompts")
     parser.add_argument("--limit", type=int, default=None, help="use the first N prompts")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--baseline", action="store_true", help="also run autoregressive decoding: speedup")

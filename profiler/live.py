@@ -22,7 +22,7 @@ from pathlib import Path
 
 from sim.errors import ScenarioError
 
-METHODS = ("none", "ngram", "layerskip", "streaming")
+METHODS = ("none", "ngram", "shadow", "layerskip", "streaming")
 DEFAULT_PROMPTS = Path(__file__).resolve().parent / "data" / "prompts.jsonl"
 
 
@@ -30,6 +30,8 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2", help="smollm2 or a path to a Llama-family .gguf file")
     parser.add_argument("--method", choices=METHODS, default="ngram")
     parser.add_argument("--k", type=int, default=4, help="drafted tokens per step (chain)")
+    parser.add_argument("--bits", type=int, choices=(4, 8), default=4, help="shadow: weight bits of the draft")
+    parser.add_argument("--group-size", type=int, default=64, help="shadow: quantization group (input columns)")
     parser.add_argument("--exit-layer", type=int, default=8, help="layerskip: layers the draft runs")
     parser.add_argument("--sink", type=int, default=16, help="streaming: sink tokens the draft attends")
     parser.add_argument("--window", type=int, default=64, help="streaming: recent tokens the draft attends")
@@ -48,7 +50,7 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_arguments(args) -> None:
-    for name in ("k", "batch", "max_new_tokens", "exit_layer", "sink", "window"):
+    for name in ("k", "batch", "max_new_tokens", "exit_layer", "sink", "window", "group_size"):
         if getattr(args, name) < 1:
             raise ScenarioError(f"--{name.replace('_', '-')}", f"must be >= 1 (got {getattr(args, name)})")
     if args.limit is not None and args.limit < 1:
@@ -99,13 +101,18 @@ def load_model(name: str):
         raise ScenarioError("--model", str(exc)) from None
 
 
-def make_drafter(args):
-    from profiler.speculative import NgramDrafter, SelfDrafter
+def make_drafter(args, model):
+    from profiler.speculative import NgramDrafter, SelfDrafter, ShadowDrafter
 
     if args.method == "none":
         return None
     if args.method == "ngram":
         return NgramDrafter()
+    if args.method == "shadow":
+        if model.config.hidden % args.group_size or model.config.ffn % args.group_size:
+            raise ScenarioError("--group-size", f"{args.group_size} does not divide the model's widths "
+                                                f"({model.config.hidden}, {model.config.ffn})")
+        return ShadowDrafter(model, args.bits, args.group_size)
     if args.method == "layerskip":
         return SelfDrafter(exit_layer=args.exit_layer)
     return SelfDrafter(sink=args.sink, window=args.window)
@@ -138,7 +145,7 @@ def live_command(args) -> int:
     if longest + args.max_new_tokens + args.k + 2 > config.max_context:
         raise ScenarioError("--max-new-tokens", f"prompt {longest} + {args.max_new_tokens} new tokens exceed the "
                                                 f"model's maximum context {config.max_context}")
-    speculative = run_batches(model, prompts, args, make_drafter(args), tok.eos_id)
+    speculative = run_batches(model, prompts, args, make_drafter(args, model), tok.eos_id)
     baseline = None
     if args.baseline or args.check_lossless:
         baseline = speculative if args.method == "none" else run_batches(model, prompts, args, None, tok.eos_id)

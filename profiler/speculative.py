@@ -24,6 +24,9 @@ from profiler.model import Llama, causal_mask, streaming_mask
 class Drafter:
     name = "none"
 
+    def prepare(self, model: Llama) -> None:
+        """Called once the target's KV cache exists (a drafter sharing it links to it here)."""
+
     def propose(self, model: Llama, history: list[list[int]], last: Tensor, positions: Tensor, k: int) -> Tensor:
         """Drafts [B, k] for requests whose last committed token `last` [B] sits at `positions` [B]."""
         raise NotImplementedError
@@ -73,6 +76,25 @@ class SelfDrafter(Drafter):
         return torch.stack(drafts, dim=1)
 
 
+class ShadowDrafter(SelfDrafter):
+    """SubSpec: the target's own layers quantized (profiler.shadow), sharing its KV cache."""
+
+    def __init__(self, target: Llama, bits: int = 4, group_size: int = 64):
+        from profiler.shadow import shadow_model
+
+        super().__init__()
+        self.name = f"shadow-int{bits}"
+        self.shadow = shadow_model(target, bits, group_size)
+
+    def prepare(self, model: Llama) -> None:
+        from profiler.shadow import share_caches
+
+        share_caches(self.shadow, model)
+
+    def propose(self, model, history, last, positions, k):
+        return super().propose(self.shadow, history, last, positions, k)
+
+
 @dataclass
 class StepRecord:
     step: int
@@ -108,6 +130,8 @@ def speculative_generate(model: Llama, prompts: list[list[int]], max_new_tokens:
     B = len(prompts)
     longest = max(len(p) for p in prompts)
     model.setup_cache(B, longest + max_new_tokens + k + 2)
+    if drafter is not None:
+        drafter.prepare(model)
     start = time.perf_counter()
     first = prefill(model, prompts)
     now = time.perf_counter()

@@ -9,7 +9,8 @@ torch = pytest.importorskip("torch")
 gguf = pytest.importorskip("gguf")
 
 from profiler.gguf_loader import load_gguf, smollm2_path  # noqa: E402
-from profiler.speculative import NgramDrafter, SelfDrafter, speculative_generate  # noqa: E402
+from profiler.shadow import dequantize_groupwise, quantize_groupwise  # noqa: E402
+from profiler.speculative import NgramDrafter, SelfDrafter, ShadowDrafter, speculative_generate  # noqa: E402
 from profiler.tokenizer import tokenizer_from_gguf  # noqa: E402
 
 QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench_questions.jsonl"
@@ -28,10 +29,12 @@ def setup():
     return loaded.model, tok, prompts, ar
 
 
-@pytest.mark.parametrize("drafter", [NgramDrafter(), SelfDrafter(exit_layer=12), SelfDrafter(sink=16, window=48)],
-                         ids=["ngram", "layerskip", "streaming"])
-def test_greedy_speculation_is_lossless_on_20_prompts(setup, drafter):
+@pytest.mark.parametrize("make", [NgramDrafter, lambda: SelfDrafter(exit_layer=12),
+                                  lambda: SelfDrafter(sink=16, window=48), "shadow"],
+                         ids=["ngram", "layerskip", "streaming", "shadow-int4"])
+def test_greedy_speculation_is_lossless_on_20_prompts(setup, make):
     model, tok, prompts, ar = setup
+    drafter = ShadowDrafter(model, bits=4) if make == "shadow" else make()
     sd = speculative_generate(model, prompts, NEW_TOKENS, drafter, k=4, eos_id=tok.eos_id)
     assert sd.outputs == ar.outputs
     verify_steps = [s for s in sd.steps if s.mode == "verify"]
@@ -55,3 +58,28 @@ def test_ngram_lookup_follows_the_latest_earlier_match():
     assert drafter.lookup([1, 2, 3, 9, 1, 2, 3, 4, 5, 2, 3], 3) == [4, 5, 2]
     assert drafter.lookup([7, 8, 9], 2) == [9, 9]            # no earlier n-gram: repeat the last
     assert drafter.lookup([5, 6, 5], 3) == [6, 5, 5]          # short continuation padded
+
+
+def test_shadow_draft_shares_the_targets_embeddings_and_kv_and_accepts_more_at_8_bits(setup):
+    model, tok, prompts, ar = setup
+    rates = {}
+    for bits in (8, 4):
+        drafter = ShadowDrafter(model, bits=bits)
+        assert drafter.shadow.embed is model.embed and drafter.shadow.lm_head is model.lm_head
+        sd = speculative_generate(model, prompts[:6], NEW_TOKENS, drafter, k=4, eos_id=tok.eos_id)
+        assert drafter.shadow.layers[0].attention.k_cache is model.layers[0].attention.k_cache
+        assert drafter.shadow.layers[0].attention.wqkv.weight is not model.layers[0].attention.wqkv.weight
+        steps = [s for s in sd.steps if s.mode == "verify"]
+        rates[bits] = sum(s.committed for s in steps) / len(steps)
+    assert rates[8] > rates[4] > 2.0
+
+
+def test_groupwise_quantization_error_is_within_half_a_step():
+    torch.manual_seed(0)
+    weight = torch.randn(32, 128)
+    for bits in (4, 8):
+        codes, scale, zero = quantize_groupwise(weight, bits, 64)
+        assert codes.dtype == torch.uint8 and int(codes.max()) <= 2 ** bits - 1
+        error = (dequantize_groupwise(codes, scale, zero) - weight).abs()
+        step = scale.repeat_interleave(64, dim=1)
+        assert bool((error <= step / 2 + 1e-6).all())

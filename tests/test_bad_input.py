@@ -114,31 +114,27 @@ def run_cli(tmp_path, scenario, *extra):
                           cwd=REPO)
 
 
-@pytest.mark.parametrize("content,message", [
-    ("accepted\n1\n2.5\n", "row 1: accepted must be an integer below 2^31, >= 0 (got 2.5)"),
-    ("request,accepted\n0,1\n0,\n", "row 1: accepted must be an integer below 2^31, >= 0 (got nan)"),
-    ("accepted\n1\nx\n", "row 1: accepted must be an integer below 2^31, >= 0 (got 'x')"),
-    ("steps\n1\n", "lacks column accepted"),
-])
-def test_bad_acceptance_trace_is_one_line(tmp_path, content, message):
-    trace = tmp_path / "accepted.csv"
-    trace.write_text(content)
-    proc = run_cli(tmp_path, with_changes(speculation__acceptance={"trace": str(trace)}))
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().startswith("error: speculation.acceptance.trace: ") and message in proc.stderr
+ACCEPTANCE_TRACE = ("speculation.acceptance.trace", lambda path: {"speculation__acceptance": {"trace": path}})
+REQUEST_TRACE = ("workload.trace", lambda path: {"workload__arrival": "trace", "workload__trace": path})
 
 
-@pytest.mark.parametrize("content,message", [
-    ("arrival_s,prompt_tokens,output_tokens\n0,1e30,20\n", "row 0: prompt_tokens must be an integer below 2^31"),
-    ("arrival_s,prompt_tokens,output_tokens\n-1,10,20\n", "row 0: arrival_s must be a number, >= 0 (got -1)"),
-    ("arrival_s,prompt_tokens\n0,10\n", "lacks column output_tokens"),
+@pytest.mark.parametrize("kind,content,message", [
+    (ACCEPTANCE_TRACE, "accepted\n1\n2.5\n", "row 1: accepted must be an integer below 2^31, >= 0 (got 2.5)"),
+    (ACCEPTANCE_TRACE, "request,accepted\n0,1\n0,\n", "row 1: accepted must be an integer below 2^31, >= 0 (got nan)"),
+    (ACCEPTANCE_TRACE, "accepted\n1\nx\n", "row 1: accepted must be an integer below 2^31, >= 0 (got 'x')"),
+    (ACCEPTANCE_TRACE, "steps\n1\n", "lacks column accepted"),
+    (REQUEST_TRACE, "arrival_s,prompt_tokens,output_tokens\n0,1e30,20\n",
+     "row 0: prompt_tokens must be an integer below 2^31"),
+    (REQUEST_TRACE, "arrival_s,prompt_tokens,output_tokens\n-1,10,20\n", "row 0: arrival_s must be a number, >= 0 (got -1)"),
+    (REQUEST_TRACE, "arrival_s,prompt_tokens\n0,10\n", "lacks column output_tokens"),
 ])
-def test_bad_request_trace_is_one_line(tmp_path, content, message):
+def test_bad_trace_file_is_one_line(tmp_path, kind, content, message):
+    field, changes = kind
     trace = tmp_path / "trace.csv"
     trace.write_text(content)
-    proc = run_cli(tmp_path, with_changes(workload__arrival="trace", workload__trace=str(trace)))
+    proc = run_cli(tmp_path, with_changes(**changes(str(trace))))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().startswith("error: workload.trace: ") and message in proc.stderr
+    assert proc.stderr.strip().startswith(f"error: {field}: ") and message in proc.stderr
 
 
 @pytest.mark.parametrize("config,message", [

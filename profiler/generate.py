@@ -11,8 +11,8 @@ from torch import Tensor
 from profiler.model import Llama, causal_mask
 
 
-def prefill(model: Llama, prompts: list[list[int]]) -> Tensor:
-    """Run the prompts (one per cache row) and return the next token of each: [B] int64."""
+def prefill_logits(model: Llama, prompts: list[list[int]]) -> Tensor:
+    """Run the prompts (one per cache row) and return each one's next-token logits: [B, V] fp32."""
     B = len(prompts)
     lengths = torch.tensor([len(p) for p in prompts])
     T = int(lengths.max())
@@ -26,8 +26,12 @@ def prefill(model: Llama, prompts: list[list[int]]) -> Tensor:
         positions[b, :len(prompt)] = torch.arange(len(prompt))
     slots = torch.arange(trash + 1)
     mask = causal_mask(positions, trash + 1) & (slots < trash)
-    logits = model(tokens, positions, mask=mask, logits_at=lengths - 1)
-    return logits[:, -1].argmax(-1)
+    return model(tokens, positions, mask=mask, logits_at=lengths - 1)[:, -1]
+
+
+def prefill(model: Llama, prompts: list[list[int]]) -> Tensor:
+    """Run the prompts and return the greedy next token of each: [B] int64."""
+    return prefill_logits(model, prompts).argmax(-1)
 
 
 def decode_one_token(model: Llama, tokens: Tensor, positions: Tensor) -> Tensor:

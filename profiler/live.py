@@ -41,6 +41,9 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
                              "default: the project's own 12 prompts")
     parser.add_argument("--limit", type=int, default=None, help="use the first N prompts")
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="0: greedy verification; > 0: sampled drafts, rejection-sampling verification")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus filtering with --temperature")
     parser.add_argument("--baseline", action="store_true", help="also run autoregressive decoding: speedup")
     parser.add_argument("--check-lossless", action="store_true",
                         help="compare with autoregressive output and report mismatches (implies --baseline)")
@@ -53,6 +56,10 @@ def check_arguments(args) -> None:
     for name in ("k", "batch", "max_new_tokens", "exit_layer", "sink", "window", "group_size"):
         if getattr(args, name) < 1:
             raise ScenarioError(f"--{name.replace('_', '-')}", f"must be >= 1 (got {getattr(args, name)})")
+    if args.temperature < 0:
+        raise ScenarioError("--temperature", f"must be >= 0 (got {args.temperature})")
+    if not 0 < args.top_p <= 1:
+        raise ScenarioError("--top-p", f"must be in (0, 1] (got {args.top_p})")
     if args.limit is not None and args.limit < 1:
         raise ScenarioError("--limit", f"must be >= 1 (got {args.limit})")
     if args.out.exists():
@@ -119,12 +126,17 @@ def make_drafter(args, model):
 
 
 def run_batches(model, prompts: list[list[int]], args, drafter, eos_id):
-    from profiler.speculative import speculative_generate
+    import torch
 
+    from profiler.speculative import Sampler, speculative_generate
+
+    sampler = None
+    if args.temperature > 0:    # the same seed for every run: the baseline draws from its own stream
+        sampler = Sampler(args.temperature, args.top_p, torch.Generator().manual_seed(args.seed))
     runs = []
     for first in range(0, len(prompts), args.batch):
         runs.append((first, speculative_generate(model, prompts[first:first + args.batch], args.max_new_tokens,
-                                                 drafter, k=args.k, eos_id=eos_id)))
+                                                 drafter, k=args.k, eos_id=eos_id, sampler=sampler)))
     return runs
 
 

@@ -8,7 +8,8 @@ whose KV is not written yet):
      the target's own next token (the bonus or the correction), and advances by that many.
 Rejected drafts need no rollback: their KV sits past the request's position, where no query looks
 until the next step overwrites it. Greedy verification is lossless: the output is the target's
-greedy output token for token.
+greedy output token for token. With a temperature, drafts are sampled and verified by rejection
+sampling (profiler.sampling), which keeps the target's output distribution.
 """
 from __future__ import annotations
 
@@ -19,6 +20,22 @@ import torch
 from torch import Tensor
 
 from profiler.model import Llama, causal_mask, streaming_mask
+from profiler.sampling import probs_from_logits, sample, verify_chain
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """Temperature > 0 with nucleus filtering; greedy decoding uses no Sampler."""
+    temperature: float
+    top_p: float = 1.0
+    generator: torch.Generator | None = None
+
+    def probs(self, logits: Tensor) -> Tensor:
+        return probs_from_logits(logits, self.temperature, self.top_p)
+
+    def draw(self, logits: Tensor) -> tuple[Tensor, Tensor]:
+        probs = self.probs(logits)
+        return sample(probs, self.generator), probs
 
 
 class Drafter:
@@ -27,8 +44,10 @@ class Drafter:
     def prepare(self, model: Llama) -> None:
         """Called once the target's KV cache exists (a drafter sharing it links to it here)."""
 
-    def propose(self, model: Llama, history: list[list[int]], last: Tensor, positions: Tensor, k: int) -> Tensor:
-        """Drafts [B, k] for requests whose last committed token `last` [B] sits at `positions` [B]."""
+    def propose(self, model: Llama, history: list[list[int]], last: Tensor, positions: Tensor, k: int,
+                sampler: Sampler | None = None) -> tuple[Tensor, Tensor | None]:
+        """Drafts [B, k] for requests whose last committed token `last` [B] sits at `positions` [B],
+        and the draft distributions [B, k, V] they were sampled from (None: deterministic drafts)."""
         raise NotImplementedError
 
 
@@ -40,8 +59,8 @@ class NgramDrafter(Drafter):
     def __init__(self, max_ngram: int = 3):
         self.max_ngram = max_ngram
 
-    def propose(self, model, history, last, positions, k):
-        return torch.tensor([self.lookup(tokens, k) for tokens in history])
+    def propose(self, model, history, last, positions, k, sampler=None):
+        return torch.tensor([self.lookup(tokens, k) for tokens in history]), None
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
         for n in range(min(self.max_ngram, len(tokens) - 1), 0, -1):
@@ -62,18 +81,22 @@ class SelfDrafter(Drafter):
         self.exit_layer, self.sink, self.window = exit_layer, sink, window
         self.name = "layerskip" if exit_layer is not None else "streaming"
 
-    def propose(self, model, history, last, positions, k):
-        drafts = []
+    def propose(self, model, history, last, positions, k, sampler=None):
+        drafts, probs = [], []
         token = last
         for i in range(k):
             pos = (positions + i)[:, None]
             slots = int(pos.max()) + 1
             mask = (streaming_mask(pos, slots, self.sink, self.window) if self.window is not None
                     else causal_mask(pos, slots))
-            logits = model(token[:, None], pos, mask=mask, exit_layer=self.exit_layer)
-            token = logits[:, -1].argmax(-1)
+            logits = model(token[:, None], pos, mask=mask, exit_layer=self.exit_layer)[:, -1]
+            if sampler is None:
+                token = logits.argmax(-1)
+            else:
+                token, q = sampler.draw(logits)
+                probs.append(q)
             drafts.append(token)
-        return torch.stack(drafts, dim=1)
+        return torch.stack(drafts, dim=1), (torch.stack(probs, dim=1) if probs else None)
 
 
 class ShadowDrafter(SelfDrafter):
@@ -91,8 +114,8 @@ class ShadowDrafter(SelfDrafter):
 
         share_caches(self.shadow, model)
 
-    def propose(self, model, history, last, positions, k):
-        return super().propose(self.shadow, history, last, positions, k)
+    def propose(self, model, history, last, positions, k, sampler=None):
+        return super().propose(self.shadow, history, last, positions, k, sampler)
 
 
 @dataclass
@@ -123,9 +146,10 @@ class Generation:
 
 @torch.inference_mode()
 def speculative_generate(model: Llama, prompts: list[list[int]], max_new_tokens: int, drafter: Drafter | None,
-                         k: int = 4, eos_id: int | None = None, prefill_fn=None) -> Generation:
-    """Greedy generation of every prompt, speculative when `drafter` is given (chain of k)."""
-    from profiler.generate import prefill
+                         k: int = 4, eos_id: int | None = None, sampler: Sampler | None = None) -> Generation:
+    """Generation of every prompt, greedy (or sampled with `sampler`), speculative when `drafter`
+    is given (chain of k)."""
+    from profiler.generate import prefill_logits
 
     B = len(prompts)
     longest = max(len(p) for p in prompts)
@@ -133,7 +157,8 @@ def speculative_generate(model: Llama, prompts: list[list[int]], max_new_tokens:
     if drafter is not None:
         drafter.prepare(model)
     start = time.perf_counter()
-    first = prefill(model, prompts)
+    first_logits = prefill_logits(model, prompts)
+    first = first_logits.argmax(-1) if sampler is None else sampler.draw(first_logits)[0]
     now = time.perf_counter()
     gen = Generation(outputs=[[int(t)] for t in first], prefill_s=now - start,
                      first_token_s=[now - start] * B, finish_s=[0.0] * B)
@@ -147,7 +172,8 @@ def speculative_generate(model: Llama, prompts: list[list[int]], max_new_tokens:
         # Finished rows stay in the batch (their cache row is theirs) but stop advancing.
         active = torch.tensor([not d for d in done])
         t0 = time.perf_counter()
-        drafts = drafter.propose(model, history, last, positions, k) if drafter is not None else None
+        drafts, draft_probs = (drafter.propose(model, history, last, positions, k, sampler)
+                               if drafter is not None else (None, None))
         t1 = time.perf_counter()
         if drafts is None:
             tokens = last[:, None]
@@ -156,19 +182,27 @@ def speculative_generate(model: Llama, prompts: list[list[int]], max_new_tokens:
         T = tokens.shape[1]
         query_positions = positions[:, None] + torch.arange(T)
         logits = model(tokens, query_positions)
-        choice = logits.argmax(-1)                                                   # [B, T]
-        t2 = time.perf_counter()
-        if drafts is None:
+        if sampler is None:
+            choice = logits.argmax(-1)                                               # [B, T]
+            if drafts is None:
+                flags = torch.zeros(B, 0, dtype=torch.bool)
+                accepted = torch.zeros(B, dtype=torch.long)
+            else:
+                flags = drafts == choice[:, :-1]
+                accepted = flags.long().cumprod(dim=1).sum(dim=1)                      # longest prefix
+            following = choice.gather(1, accepted[:, None])[:, 0]
+        elif drafts is None:
             flags = torch.zeros(B, 0, dtype=torch.bool)
             accepted = torch.zeros(B, dtype=torch.long)
+            following = sampler.draw(logits[:, -1])[0]
         else:
-            flags = drafts == choice[:, :-1]
-            accepted = flags.long().cumprod(dim=1).sum(dim=1)                          # longest prefix
+            flags, accepted, following = verify_chain(sampler.probs(logits), drafts, draft_probs, sampler.generator)
+        t2 = time.perf_counter()
         for b in range(B):
             if done[b]:
                 continue
             n = int(accepted[b])
-            new = (drafts[b, :n].tolist() if drafts is not None else []) + [int(choice[b, n])]
+            new = (drafts[b, :n].tolist() if drafts is not None else []) + [int(following[b])]
             new = _truncate(new, gen.outputs[b], max_new_tokens, eos_id)
             gen.outputs[b].extend(new)
             history[b].extend(new)
@@ -179,7 +213,7 @@ def speculative_generate(model: Llama, prompts: list[list[int]], max_new_tokens:
             if done[b]:
                 gen.finish_s[b] = time.perf_counter() - start
         positions = positions + torch.where(active, accepted + 1, 0)
-        last = choice.gather(1, accepted[:, None])[:, 0]
+        last = following
         t3 = time.perf_counter()
         for record in gen.steps[-B:]:
             if record.step == step:

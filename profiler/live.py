@@ -40,6 +40,10 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
                         help="JSONL with `prompt` or `turns` (first turn used), optional `category`; "
                              "default: the project's own 12 prompts")
     parser.add_argument("--limit", type=int, default=None, help="use the first N prompts")
+    parser.add_argument("--context", type=int, default=None,
+                        help="long-context mode: prompts of this many tokens built from --text")
+    parser.add_argument("--text", type=Path, default=None,
+                        help="long-context mode: a plain-text file, e.g. a public-domain novel")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="0: greedy verification; > 0: sampled drafts, rejection-sampling verification")
@@ -60,10 +64,39 @@ def check_arguments(args) -> None:
         raise ScenarioError("--temperature", f"must be >= 0 (got {args.temperature})")
     if not 0 < args.top_p <= 1:
         raise ScenarioError("--top-p", f"must be in (0, 1] (got {args.top_p})")
+    if (args.context is None) != (args.text is None):
+        raise ScenarioError("--context", "long-context mode needs both --context and --text")
+    if args.context is not None and args.context < 64:
+        raise ScenarioError("--context", f"must be >= 64 tokens (got {args.context})")
     if args.limit is not None and args.limit < 1:
         raise ScenarioError("--limit", f"must be >= 1 (got {args.limit})")
     if args.out.exists():
         raise ScenarioError("--out", f"{args.out} exists; give a new folder")
+
+
+LONG_CONTEXT_ASK = "Summarize the following text in a few sentences.\n\n"
+
+
+def long_context_prompts(tok, text_path: Path, context_tokens: int, count: int) -> list[list[int]]:
+    """`count` chat prompts of exactly `context_tokens` tokens: an instruction to summarize, then
+    consecutive excerpts of the text (each request its own), inside the chat template. The excerpt
+    is spliced in as token ids, so the length is exact."""
+    try:
+        text = text_path.read_text(errors="replace")
+    except OSError as exc:
+        raise ScenarioError("--text", f"cannot read {text_path}: {exc.strerror or exc}") from None
+    marker = "\x00"
+    before, after = tok.apply_chat_template([{"role": "user", "content": marker}]).split(marker)
+    head, tail = tok.encode(before + LONG_CONTEXT_ASK), tok.encode(after)
+    room = context_tokens - len(head) - len(tail)
+    if room < 16:
+        raise ScenarioError("--context", f"{context_tokens} leaves no room beside the {len(head) + len(tail)}-token "
+                                         f"template")
+    body = tok.encode(text)
+    if len(body) < room * count:
+        raise ScenarioError("--text", f"{text_path} has {len(body)} tokens; {count} prompts of {context_tokens} "
+                                      f"need {room * count}")
+    return [head + body[i * room:(i + 1) * room] + tail for i in range(count)]
 
 
 def read_prompts(path: Path, limit: int | None) -> list[dict]:
@@ -144,7 +177,7 @@ def live_command(args) -> int:
     import torch
 
     check_arguments(args)
-    rows = read_prompts(args.prompts, args.limit)
+    rows = None if args.context is not None else read_prompts(args.prompts, args.limit)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -152,7 +185,11 @@ def live_command(args) -> int:
     model, config = loaded.model, loaded.config
     if args.method == "layerskip" and args.exit_layer >= config.layers:
         raise ScenarioError("--exit-layer", f"{args.exit_layer} must be below the model's {config.layers} layers")
-    prompts = [tok.encode_chat(row["text"]) for row in rows]
+    if args.context is not None:
+        prompts = long_context_prompts(tok, args.text, args.context, args.limit or args.batch)
+        rows = [{"text": tok.decode(p), "category": "long-context"} for p in prompts]
+    else:
+        prompts = [tok.encode_chat(row["text"]) for row in rows]
     longest = max(len(p) for p in prompts)
     if longest + args.max_new_tokens + args.k + 2 > config.max_context:
         raise ScenarioError("--max-new-tokens", f"prompt {longest} + {args.max_new_tokens} new tokens exceed the "

@@ -52,6 +52,8 @@ def test_live_run_writes_steps_requests_summary_outputs_and_meta(tmp_path):
     (["--model", "missing.gguf"], "--model: no such model file: missing.gguf"),
     (["--k", "0"], "--k: must be >= 1 (got 0)"),
     (["--method", "medusa"], "argument --method: invalid choice"),
+    (["--context", "4096"], "--context: long-context mode needs both --context and --text"),
+    (["--temperature", "-1"], "--temperature: must be >= 0 (got -1.0)"),
 ])
 def test_bad_live_arguments_are_one_line_and_write_nothing(tmp_path, args, message):
     prompts = tmp_path / "p.jsonl"

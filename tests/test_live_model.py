@@ -95,3 +95,17 @@ def test_smollm2_greedy_answers_are_sensible_english(smollm2):
     assert "Paris" in answers[0]
     assert sum(color in answers[1].lower() for color in ("red", "blue", "yellow", "green")) >= 2
     assert all(o[-1] == tok.eos_id for o in outputs)   # both finish their sentence
+
+
+def test_long_context_prompts_have_the_exact_length_and_keep_the_chat_template(smollm2, tmp_path):
+    from profiler.live import long_context_prompts
+
+    _, tok = smollm2
+    text = tmp_path / "book.txt"
+    text.write_text("It is a truth universally acknowledged, that a single man in possession of a good fortune, "
+                    "must be in want of a wife. " * 200)
+    prompts = long_context_prompts(tok, text, 700, 3)
+    assert [len(p) for p in prompts] == [700, 700, 700]
+    assert len({tuple(p) for p in prompts}) == 3                    # each request its own excerpt
+    decoded = tok.decode(prompts[1], skip_special=False)
+    assert "Summarize the following text" in decoded and decoded.endswith("<|im_start|>assistant\n")

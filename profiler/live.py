@@ -158,8 +158,9 @@ def make_drafter(args, model):
     return SelfDrafter(sink=args.sink, window=args.window)
 
 
-def run_batches(model, prompts: list[list[int]], args, drafter, eos_id):
+def run_batches(model, prompts: list[list[int]], args, drafter, eos_id, label: str):
     import torch
+    from tqdm import tqdm
 
     from profiler.speculative import Sampler, speculative_generate
 
@@ -167,7 +168,8 @@ def run_batches(model, prompts: list[list[int]], args, drafter, eos_id):
     if args.temperature > 0:    # the same seed for every run: the baseline draws from its own stream
         sampler = Sampler(args.temperature, args.top_p, torch.Generator().manual_seed(args.seed))
     runs = []
-    for first in range(0, len(prompts), args.batch):
+    batches = range(0, len(prompts), args.batch)
+    for first in tqdm(batches, desc=label, unit="batch", disable=len(batches) < 2, leave=False):
         runs.append((first, speculative_generate(model, prompts[first:first + args.batch], args.max_new_tokens,
                                                  drafter, k=args.k, eos_id=eos_id, sampler=sampler)))
     return runs
@@ -194,10 +196,11 @@ def live_command(args) -> int:
     if longest + args.max_new_tokens + args.k + 2 > config.max_context:
         raise ScenarioError("--max-new-tokens", f"prompt {longest} + {args.max_new_tokens} new tokens exceed the "
                                                 f"model's maximum context {config.max_context}")
-    speculative = run_batches(model, prompts, args, make_drafter(args, model), tok.eos_id)
+    speculative = run_batches(model, prompts, args, make_drafter(args, model), tok.eos_id, args.method)
     baseline = None
     if args.baseline or args.check_lossless:
-        baseline = speculative if args.method == "none" else run_batches(model, prompts, args, None, tok.eos_id)
+        baseline = (speculative if args.method == "none"
+                    else run_batches(model, prompts, args, None, tok.eos_id, "baseline"))
     write_run(args, rows, prompts, tok, loaded, speculative, baseline)
     return 0
 

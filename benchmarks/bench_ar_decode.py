@@ -1,9 +1,9 @@
 """Autoregressive greedy decoding of SmolLM2-135M at batch 1 on this CPU (issue 3's target:
 >= 20 tokens/s), beside the memory-bandwidth roofline of the weights read per token.
 
-Roofline: every decode step reads all weights once (fp32: 4 bytes per parameter, the tied
-embedding counted once as the LM head); bandwidth is measured here with a numpy streaming read
-of a buffer much larger than the caches. Run: python benchmarks/bench_ar_decode.py
+Roofline: every decode step reads all weights once (4 bytes per parameter in fp32, 2 in bf16; the
+tied embedding counted once, as the LM head); bandwidth is measured here with a numpy streaming
+read of a buffer much larger than the caches. Run: python benchmarks/bench_ar_decode.py --dtype bf16
 """
 from __future__ import annotations
 
@@ -34,9 +34,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    loaded = load_gguf(smollm2_path())
+    loaded = load_gguf(smollm2_path(), dtype=torch.float32 if args.dtype == "fp32" else torch.bfloat16)
     model = loaded.model
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())   # tied: counted once
     prompt = list(range(1000, 1064))

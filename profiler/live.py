@@ -52,6 +52,8 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check-lossless", action="store_true",
                         help="compare with autoregressive output and report mismatches (implies --baseline)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                        help="weights and activations; fp32 makes greedy speculation exactly lossless")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True, help="output folder (must not exist)")
 
@@ -125,7 +127,7 @@ def read_prompts(path: Path, limit: int | None) -> list[dict]:
     return rows
 
 
-def load_model(name: str):
+def load_model(name: str, dtype):
     import gguf
 
     from profiler.gguf_loader import ModelLoadError, load_gguf, smollm2_path
@@ -135,7 +137,7 @@ def load_model(name: str):
         path = smollm2_path() if name == "smollm2" else Path(name)
         if name != "smollm2" and path.suffix != ".gguf":
             raise ModelLoadError(f"unknown model {name!r} (smollm2 or a .gguf path)")
-        loaded = load_gguf(path)
+        loaded = load_gguf(path, dtype=dtype)
         return loaded, tokenizer_from_gguf(gguf.GGUFReader(loaded.path))
     except (ModelLoadError, ValueError) as exc:
         raise ScenarioError("--model", str(exc)) from None
@@ -183,7 +185,7 @@ def live_command(args) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    loaded, tok = load_model(args.model)
+    loaded, tok = load_model(args.model, torch.float32 if args.dtype == "fp32" else torch.bfloat16)
     model, config = loaded.model, loaded.config
     if args.method == "layerskip" and args.exit_layer >= config.layers:
         raise ScenarioError("--exit-layer", f"{args.exit_layer} must be below the model's {config.layers} layers")

@@ -55,6 +55,7 @@ def read_config(reader) -> LlamaConfig:
     names = {t.name for t in reader.tensors}
     vocab = int(_field(reader, p + "vocab_size", 0) or len(reader.fields["tokenizer.ggml.tokens"].data))
     return LlamaConfig(
+        name=str(_field(reader, "general.basename") or _field(reader, "general.name") or "gguf"),
         layers=int(_field(reader, p + "block_count")), hidden=hidden, heads=heads,
         kv_heads=int(_field(reader, p + "attention.head_count_kv", heads)),
         head_dim=int(_field(reader, p + "rope.dimension_count", hidden // heads)),

@@ -16,18 +16,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from sim.presets.models import ModelSpec
+
 
 @dataclass(frozen=True)
-class LlamaConfig:
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    ffn: int
-    vocab: int
-    tied_embeddings: bool
-    max_context: int
+class LlamaConfig(ModelSpec):
+    """The simulator's model shape (sim.presets.ModelSpec: a live run and its scenario share it)
+    plus what running the model needs besides."""
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
 

@@ -9,7 +9,7 @@ from profiler.gguf_loader import ModelLoadError, load_gguf, smollm2_path  # noqa
 from profiler.model import Llama, LlamaConfig, causal_mask  # noqa: E402
 from profiler.tokenizer import tokenizer_from_gguf  # noqa: E402
 
-TINY = LlamaConfig(layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=64, vocab=50,
+TINY = LlamaConfig(name="tiny", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=64, vocab=50,
                    tied_embeddings=False, max_context=128, rope_theta=10000.0)
 
 

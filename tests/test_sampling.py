@@ -12,7 +12,7 @@ from profiler.sampling import probs_from_logits  # noqa: E402
 from profiler.speculative import NgramDrafter, Sampler, SelfDrafter, speculative_generate  # noqa: E402
 
 VOCAB = 6
-CONFIG = LlamaConfig(layers=2, hidden=16, heads=2, kv_heads=1, head_dim=8, ffn=32, vocab=VOCAB,
+CONFIG = LlamaConfig(name="tiny", layers=2, hidden=16, heads=2, kv_heads=1, head_dim=8, ffn=32, vocab=VOCAB,
                      tied_embeddings=False, max_context=64)
 PROMPT = [1, 4, 2]
 SAMPLES = 30_000

@@ -217,9 +217,12 @@ def write_run(args, rows, prompts, tok, loaded, speculative, baseline) -> None:
                           "query_tokens": s.query_tokens, "kv_tokens": s.kv_tokens, "drafted": s.drafted,
                           "accepted": s.accepted, "accept_flags": s.accept_flags, "committed": s.committed,
                           "draft_s": s.draft_s, "verify_s": s.verify_s, "other_s": s.other_s})
+        by_request: dict[int, list] = {}
+        for s in gen.steps:
+            by_request.setdefault(s.request, []).append(s)
         for b, out in enumerate(gen.outputs):
             rid = first + b
-            own = [s for s in gen.steps if s.request == b]
+            own = by_request.get(b, [])
             decode_s = gen.finish_s[b] - gen.first_token_s[b]
             requests.append({"request": rid, "category": rows[rid]["category"], "prompt_tokens": len(prompts[rid]),
                              "output_tokens": len(out), "ttft_s": gen.first_token_s[b],

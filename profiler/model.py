@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from profiler.partial import PartialStep, attend_partial, summarize_blocks
 from sim.presets.models import ModelSpec
 
 
@@ -62,26 +63,57 @@ class Attention(nn.Module):
         self.wo = nn.Linear(q_out, config.hidden, bias=False)
         self.k_cache: Tensor | None = None   # [B, H_kv, S_max, D]
         self.v_cache: Tensor | None = None
+        self.block_max: Tensor | None = None  # SpecPV block summaries [B, H_kv, n_blocks, D]
+        self.block_min: Tensor | None = None
 
-    def forward(self, x: Tensor, cache_index: Tensor, rotation: Tensor, mask: Tensor) -> Tensor:
-        # x: [B, T, hidden]; cache_index: [B, H_kv, T, D] positions of the new tokens;
-        # rotation: [B, T, 1, D/2]; mask: [B, 1, T, S] bool, True = may attend
+    def forward(self, x: Tensor, cache_index: Tensor, rotation: Tensor, mask: Tensor,
+                partial: PartialStep | None = None) -> Tensor:
+        # x: [B, T, hidden]; cache_index: [B, H_kv, T, D] cache slots of the new tokens;
+        # rotation: [B, T, 1, D/2]; mask: [B, 1, T, S] bool over cache slots, True = may attend
         B, T, _ = x.shape
         qkv = self.wqkv(x).view(B, T, self.heads + 2 * self.kv_heads, self.head_dim)
         qk = apply_rope(qkv[:, :, :self.heads + self.kv_heads], rotation).transpose(1, 2)
         q, k = qk.split([self.heads, self.kv_heads], dim=1)
         v = qkv[:, :, self.heads + self.kv_heads:].transpose(1, 2)
-        # Write the new K/V at each request's own positions.
+        # Write the new K/V at each request's own slots.
         self.k_cache.scatter_(2, cache_index, k)
         self.v_cache.scatter_(2, cache_index, v)
-        S = mask.shape[-1]
-        keys, values = self.k_cache[:B, :, :S], self.v_cache[:B, :, :S]
-        if T <= SMALL_QUERY:
-            out = attend_small_query(q, keys, values, mask)
+        if partial is None:
+            out = self.attend_full(q, mask)
         else:
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
-                                                 enable_gqa=self.heads != self.kv_heads)
+            # SpecPV: the partial rows read sink + selected blocks + recent tokens; the others all.
+            out = torch.empty_like(q)
+            whole = torch.ones(B, dtype=torch.bool, device=x.device)
+            whole[partial.rows] = False
+            if whole.any():
+                out[whole] = self.attend_full(q[whole], mask[whole], whole.nonzero()[:, 0])
+            out[partial.rows] = attend_partial(q[partial.rows], self.k_cache, self.v_cache, mask[partial.rows],
+                                               partial, self.block_max[partial.rows], self.block_min[partial.rows],
+                                               attend_small_query)
         return self.wo(out.transpose(1, 2).reshape(B, T, self.heads * self.head_dim))
+
+    def attend_full(self, q: Tensor, mask: Tensor, rows: Tensor | None = None) -> Tensor:
+        """Attention over every slot the mask allows; `rows`: the cache rows of q's rows (default
+        the first ones)."""
+        B, S = q.shape[0], mask.shape[-1]
+        keys, values = self.k_cache[:B, :, :S], self.v_cache[:B, :, :S]
+        if rows is not None:
+            keys, values = self.k_cache[:, :, :S][rows], self.v_cache[:, :, :S][rows]
+        if q.shape[2] <= SMALL_QUERY:
+            return attend_small_query(q, keys, values, mask)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
+
+    def refresh_summaries(self, rows: Tensor, lengths: Tensor, block: int) -> None:
+        """SpecPV: per-block key max/min of the cache of `rows` [M] below `lengths` [M]."""
+        B, H, S, D = self.k_cache.shape
+        if self.block_max is None or self.block_max.shape[2] != S // block:
+            self.block_max = self.k_cache.new_zeros(B, H, S // block, D)
+            self.block_min = self.k_cache.new_zeros(B, H, S // block, D)
+        below = int(lengths.max()) // block * block
+        k_max, k_min = summarize_blocks(self.k_cache[:, :, :below][rows], lengths, block)
+        n_blocks = k_max.shape[2]
+        self.block_max[rows, :, :n_blocks] = k_max
+        self.block_min[rows, :, :n_blocks] = k_min
 
 
 # Up to this many new tokens per request (decode, chain and small-tree verification), attention is
@@ -91,14 +123,15 @@ SMALL_QUERY = 64
 
 
 def attend_small_query(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
-    """q: [B, H, T, D]; keys, values: [B, H_kv, S, D]; mask: [B, 1, T, S] bool -> [B, H, T, D]."""
+    """q: [B, H, T, D]; keys, values: [B, H_kv, S, D]; mask: [B, 1 or H_kv, T, S] bool -> [B, H, T, D]."""
     B, H, T, D = q.shape
     kv_heads = keys.shape[1]
     group = H // kv_heads
     # Query heads j*group .. j*group+group-1 share KV head j: fold them into rows of one matmul.
     rows = q.reshape(B, kv_heads, group * T, D)
     scores = torch.matmul(rows, keys.transpose(-1, -2)) * (D ** -0.5)      # [B, H_kv, group*T, S]
-    blocked = ~mask.expand(B, group, T, mask.shape[-1]).reshape(B, 1, group * T, mask.shape[-1])
+    S, mask_heads = mask.shape[-1], mask.shape[1]
+    blocked = ~mask[:, :, None].expand(B, mask_heads, group, T, S).reshape(B, mask_heads, group * T, S)
     probs = torch.softmax(scores.masked_fill_(blocked, float("-inf")), dim=-1)
     return torch.matmul(probs, values).reshape(B, H, T, D)
 
@@ -122,8 +155,8 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(config.hidden, config.norm_eps)
         self.feed_forward = FeedForward(config)
 
-    def forward(self, x, cache_index, rotation, mask):
-        x = x + self.attention(self.attention_norm(x), cache_index, rotation, mask)
+    def forward(self, x, cache_index, rotation, mask, partial=None):
+        x = x + self.attention(self.attention_norm(x), cache_index, rotation, mask, partial)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -150,32 +183,60 @@ class Llama(nn.Module):
             layer.attention.k_cache = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
             layer.attention.v_cache = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
         self.rope = rope_table(c, weight.device)
+        for layer in self.layers:
+            layer.attention.block_max = layer.attention.block_min = None
 
-    def forward(self, tokens: Tensor, positions: Tensor, mask: Tensor | None = None,
-                logits_from: int = 0, logits_at: Tensor | None = None, exit_layer: int | None = None) -> Tensor:
+    def forward(self, tokens: Tensor, positions: Tensor, mask: Tensor | None = None, slots: Tensor | None = None,
+                logits_from: int = 0, logits_at: Tensor | None = None, exit_layer: int | None = None,
+                partial: PartialStep | None = None) -> Tensor:
         """tokens, positions: [B, T]; returns logits [B, T - logits_from, vocab] in fp32.
 
-        mask: [B, 1, T, S] bool (True = may attend), default causal by position over S =
-        max(positions) + 1 cache slots; a tree passes its own mask over the new tokens.
+        slots: [B, T] cache slots the new K/V go to (default: the positions; a tree's nodes share
+        positions, so they take distinct slots). mask: [B, 1, T, S] bool over cache slots (True =
+        may attend), default causal by position over S = max(positions) + 1 slots.
         logits_from: skip the LM head for the first tokens (prefill needs only the last).
-        logits_at: [B] index of the one token per row whose logits to return ([B, 1, vocab]),
-        for ragged prefills padded to a common length.
+        logits_at: [B] or [B, L] indices of the tokens per row whose logits to return
+        ([B, 1 or L, vocab]), for ragged inputs padded to a common length.
         exit_layer: run only the first layers, then the final norm and LM head (LayerSkip draft).
+        partial: SpecPV rows attending a partial KV cache (profiler.partial).
         """
         if mask is None:
             mask = causal_mask(positions, int(positions.max()) + 1)
+        if slots is None:
+            slots = positions
         c = self.config
         B, T = tokens.shape
         rotation = self.rope[positions][:, :, None]   # [B, T, 1, D/2]
-        cache_index = positions[:, None, :, None].expand(B, c.kv_heads, T, c.head_dim)
+        cache_index = slots[:, None, :, None].expand(B, c.kv_heads, T, c.head_dim)
         x = self.embed(tokens)
         for layer in self.layers[:exit_layer]:
-            x = layer(x, cache_index, rotation, mask)
+            x = layer(x, cache_index, rotation, mask, partial)
         if logits_at is not None:
-            x = x[torch.arange(B, device=x.device), logits_at][:, None]
+            at = logits_at if logits_at.dim() == 2 else logits_at[:, None]
+            x = x[torch.arange(B, device=x.device)[:, None], at]
         else:
             x = x[:, logits_from:]
         return self.lm_head(self.norm(x)).float()
+
+    def move_kv(self, rows: Tensor, source: Tensor, target: Tensor) -> None:
+        """Copy each layer's K/V at slots `source` to slots `target` (rows, source, target: [M]);
+        after a tree verification, the accepted path's nodes move to consecutive positions."""
+        for layer in self.layers:
+            for cache in (layer.attention.k_cache, layer.attention.v_cache):
+                cache[rows, :, target] = cache[rows, :, source]
+
+    def keep_rows(self, rows: Tensor) -> None:
+        """Drop finished requests from the batch: keep cache rows `rows` [M], in that order."""
+        for layer in self.layers:
+            a = layer.attention
+            a.k_cache, a.v_cache = a.k_cache[rows], a.v_cache[rows]
+            if a.block_max is not None:
+                a.block_max, a.block_min = a.block_max[rows], a.block_min[rows]
+
+    def refresh_summaries(self, rows: Tensor, lengths: Tensor, block: int) -> None:
+        """SpecPV: take every layer's block summaries for `rows` [M] at refresh points `lengths` [M]."""
+        for layer in self.layers:
+            layer.attention.refresh_summaries(rows, lengths, block)
 
 
 def causal_mask(positions: Tensor, slots: int) -> Tensor:
@@ -190,3 +251,24 @@ def streaming_mask(positions: Tensor, slots: int, sink: int, window: int) -> Ten
     keys = torch.arange(slots, device=positions.device)[None, None, None, :]
     query = positions[:, None, :, None]
     return (keys <= query) & ((keys < sink) | (keys > query - window))
+
+
+def context_mask(context_end: Tensor, query_positions: Tensor, slots: int, sink: int | None = None,
+                 window: int | None = None) -> Tensor:
+    """[B, 1, T, slots] bool: query t of row b sees the cache slots 0..context_end[b, t]; with a
+    sink and window, only the first `sink` of them and those within `window` of the query's
+    position. Tree edges among new tokens are added by `add_tree_edges`."""
+    keys = torch.arange(slots, device=context_end.device)[None, None, :]
+    mask = keys <= context_end[:, :, None]
+    if window is not None:
+        mask &= (keys < sink) | (keys > query_positions[:, :, None] - window)
+    return mask[:, None]
+
+
+def add_tree_edges(mask: Tensor, query_rows: Tensor, key_slots: Tensor, allowed: Tensor) -> Tensor:
+    """Let query `query_rows[b, i]` of row b see cache slot `key_slots[b, j]` where allowed[i, j]:
+    mask [B, 1, T, S]; query_rows [B, n]; key_slots [B, m]; allowed [n, m] bool."""
+    b = torch.arange(mask.shape[0], device=mask.device)[:, None, None]
+    rows, keys = query_rows[:, :, None], key_slots[:, None, :]
+    mask[b, 0, rows, keys] |= allowed.to(mask.device)
+    return mask

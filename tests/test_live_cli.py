@@ -54,6 +54,14 @@ def test_live_run_writes_steps_requests_summary_outputs_and_meta(tmp_path):
     (["--method", "medusa"], "argument --method: invalid choice"),
     (["--context", "4096"], "--context: long-context mode needs both --context and --text"),
     (["--temperature", "-1"], "--temperature: must be >= 0 (got -1.0)"),
+    (["--max-new-tokens", "9000"], "exceed the model's maximum context 8192"),
+    (["--budget", "256"], "--budget: 256 is not below the context"),
+    (["--budget", "24"], "--budget: must be a positive multiple of --block 16 (got 24)"),
+    (["--budget", "16", "--period", "0"], "--period: must be >= 1 (got 0)"),
+    (["--rectify"], "--rectify: needs --budget (partial verification)"),
+    (["--tree", "2"], "argument --tree: expects W,D with positive integers (got '2')"),
+    (["--method", "none", "--tree", "2,2"], "--tree: needs a drafter"),
+    (["--method", "draft_model", "--draft-model", "nowhere.gguf"], "--draft-model: no such model file: nowhere.gguf"),
 ])
 def test_bad_live_arguments_are_one_line_and_write_nothing(tmp_path, args, message):
     prompts = tmp_path / "p.jsonl"
@@ -72,3 +80,13 @@ def test_empty_prompt_file_and_existing_out_are_refused(tmp_path):
     assert proc.returncode == 2 and "--prompts: " in proc.stderr and "has no prompts" in proc.stderr
     proc = live("--prompts", empty, "--out", tmp_path)
     assert proc.returncode == 2 and "exists; give a new folder" in proc.stderr
+
+
+def test_unsupported_architectures_are_refused(tmp_path):
+    folder = tmp_path / "gpt2"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "n_embd": 768}))
+    proc = live("--model", folder, "--out", tmp_path / "out")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "--model: " in proc.stderr and "GPT2LMHeadModel is not of the Llama family" in proc.stderr
+    assert not (tmp_path / "out").exists()

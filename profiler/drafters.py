@@ -103,17 +103,18 @@ class ModelDrafter(Drafter):
     def propose(self, step, sampler=None):
         model, shape = self.draft_model(step), step.shape
         B, root = len(step.last), step.positions
-        nodes = torch.zeros(B, shape.nodes, dtype=torch.long)
+        device = root.device
+        nodes = torch.zeros(B, shape.nodes, dtype=torch.long, device=device)
         probs = None
         logits = self.first_forward(model, step)                                  # [B, V]
         for level in range(1, shape.depth + 1):
-            at = shape.level_nodes(level)
+            at = shape.level_nodes(level).to(device)
             if sampler is None:
                 chosen = logits.topk(shape.width, dim=-1).indices if level == 1 else logits.argmax(-1)
             else:
                 q = sampler.probs(logits)
                 if probs is None:
-                    probs = torch.zeros(B, shape.nodes, q.shape[-1])
+                    probs = torch.zeros(B, shape.nodes, q.shape[-1], device=device)
                 if level == 1:        # width i.i.d. samples from one q, as SpecInfer's verification needs
                     chosen = torch.multinomial(q, shape.width, replacement=True, generator=sampler.generator)
                     probs[:, at] = q[:, None]
@@ -130,8 +131,8 @@ class ModelDrafter(Drafter):
             positions = root[:, None] + level
             span = int(root.max()) + 1 + shape.nodes
             mask = context_mask(root[:, None].expand(B, shape.width), positions, span, self.sink, self.window)
-            mask = add_tree_edges(mask, torch.arange(shape.width).expand(B, -1),
-                                  root[:, None] + 1 + torch.arange(shape.nodes), shape.ancestors[at])
+            mask = add_tree_edges(mask, torch.arange(shape.width, device=device).expand(B, -1),
+                                  root[:, None] + 1 + torch.arange(shape.nodes, device=device), shape.ancestors[at.cpu()])
             logits = model(tokens, positions, mask=mask, slots=slots, exit_layer=self.exit_layer)     # [B, W, V]
         return nodes, probs
 
@@ -186,8 +187,9 @@ class DraftModelDrafter(ModelDrafter):
         return self.draft
 
     def first_forward(self, model, step):
-        pos = step.positions[:, None] + torch.tensor([-1, 0])                  # [B, 2]
-        previous = torch.tensor([h[p - 1] for h, p in zip(step.history, step.positions.tolist())])
+        device = step.positions.device
+        pos = step.positions[:, None] + torch.tensor([-1, 0], device=device)                  # [B, 2]
+        previous = torch.tensor([h[p - 1] for h, p in zip(step.history, step.positions.tolist())], device=device)
         tokens = torch.stack([previous, step.last], dim=1)
         return model(tokens, pos, mask=causal_mask(pos, int(pos.max()) + 1))[:, -1]
 

@@ -26,7 +26,8 @@ def prefill_logits(model: Llama, prompts: list[list[int]]) -> Tensor:
         positions[b, :len(prompt)] = torch.arange(len(prompt))
     slots = torch.arange(trash + 1)
     mask = causal_mask(positions, trash + 1) & (slots < trash)
-    return model(tokens, positions, mask=mask, logits_at=lengths - 1)[:, -1]
+    device = model.lm_head.weight.device
+    return model(tokens.to(device), positions.to(device), mask=mask.to(device), logits_at=(lengths - 1).to(device))[:, -1]
 
 
 def prefill(model: Llama, prompts: list[list[int]]) -> Tensor:
@@ -48,7 +49,7 @@ def generate(model: Llama, prompts: list[list[int]], max_new_tokens: int, eos_id
     longest = max(len(p) for p in prompts)
     model.setup_cache(B, max_seq or longest + max_new_tokens + 1)
     next_tokens = prefill(model, prompts)
-    positions = torch.tensor([len(p) for p in prompts])
+    positions = torch.tensor([len(p) for p in prompts], device=next_tokens.device)
     outputs = [[int(t)] for t in next_tokens]
     done = [eos_id is not None and out[-1] == eos_id for out in outputs]
     for _ in range(max_new_tokens - 1):

@@ -68,6 +68,8 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check-lossless", action="store_true",
                         help="compare with autoregressive output and report mismatches (implies --baseline)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the model runs; on cuda each phase is synchronized before it is timed")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                         help="weights and activations; fp32 makes greedy speculation exactly lossless")
     parser.add_argument("--seed", type=int, default=0)
@@ -164,12 +166,12 @@ def read_prompts(path: Path, limit: int | None) -> list[dict]:
     return rows
 
 
-def load_model(name: str, dtype, flag: str = "--model", seed: int = 0):
+def load_model(name: str, dtype, flag: str = "--model", seed: int = 0, device: str = "cpu"):
     from profiler.gguf_loader import ModelLoadError
     from profiler.loaders import resolve_model
 
     try:
-        return resolve_model(name, dtype, seed=seed)
+        return resolve_model(name, dtype, device=device, seed=seed)
     except (ModelLoadError, ValueError, OSError) as exc:
         raise ScenarioError(flag, str(exc)) from None
 
@@ -180,7 +182,7 @@ def make_drafter(args, model, dtype):
     if args.method == "none":
         return None
     if args.method == "draft_model":
-        draft = load_model(args.draft_model, dtype, "--draft-model", args.seed + 1)
+        draft = load_model(args.draft_model, dtype, "--draft-model", args.seed + 1, args.device)
         if draft.config.vocab != model.config.vocab:
             raise ScenarioError("--draft-model", f"vocabulary {draft.config.vocab} differs from the target's "
                                                  f"{model.config.vocab}")
@@ -217,7 +219,7 @@ def run_batches(model, prompts: list[list[int]], args, drafter, eos_id, label: s
                               args.period_unit, args.rectify)
     sampler = None
     if args.temperature > 0:    # the same seed for every run: the baseline draws from its own stream
-        sampler = Sampler(args.temperature, args.top_p, torch.Generator().manual_seed(args.seed))
+        sampler = Sampler(args.temperature, args.top_p, torch.Generator(device=args.device).manual_seed(args.seed))
     runs = []
     batches = range(0, len(prompts), args.batch)
     for first in tqdm(batches, desc=label, unit="batch", disable=len(batches) < 2, leave=False):
@@ -236,7 +238,9 @@ def live_command(args) -> int:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
-    loaded = load_model(args.model, dtype, seed=args.seed)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ScenarioError("--device", "cuda is not available here (torch " + torch.__version__ + ")")
+    loaded = load_model(args.model, dtype, seed=args.seed, device=args.device)
     model, config, tok = loaded.model, loaded.config, loaded.tokenizer
     if tok is None:
         raise ScenarioError("--model", f"{loaded.source} comes without a tokenizer (add tokenizer.json, or install "
@@ -386,7 +390,9 @@ def run_meta(args, loaded) -> dict:
 
     from sim.simulate import git_revision
 
-    return {"device": "cpu", "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+    device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    return {"device": device, "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+            "cuda": torch.version.cuda if args.device == "cuda" else None,
             "torch": torch.__version__, "python": platform.python_version(),
             "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch."),
             "model": loaded.source, "model_hash": loaded.sha256_prefix, "random_weights": loaded.random_weights,

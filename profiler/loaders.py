@@ -12,6 +12,7 @@ SmolLM2's tokenizer when its package is installed (its ids fit any larger vocabu
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, fields
@@ -169,17 +170,22 @@ def random_model(config: LlamaConfig, dtype=torch.float32, device: str = "cpu", 
                 param.fill_(1.0)
             else:
                 param.normal_(0.0, 0.02, generator=generator)
-    tok = None
+    tok = _smollm2_tokenizer()
+    if tok is not None and tok.tokenizer.get_vocab_size() > config.vocab:
+        tok = None
+    shape = f"{config.name}-L{config.layers}-H{config.hidden}"
+    return LoadedModel(model.eval(), config, tok, f"random:{shape}",
+                       hashlib.sha256(f"{shape}:{seed}".encode()).hexdigest()[:16], random_weights=True)
+
+
+@functools.lru_cache(maxsize=1)
+def _smollm2_tokenizer():
+    """SmolLM2's tokenizer, or None without its package."""
     try:
         import gguf
 
         from profiler.tokenizer import tokenizer_from_gguf
 
-        tok = tokenizer_from_gguf(gguf.GGUFReader(smollm2_path()))
-        if tok.tokenizer.get_vocab_size() > config.vocab:
-            tok = None
+        return tokenizer_from_gguf(gguf.GGUFReader(smollm2_path()))
     except (ImportError, ModelLoadError):
-        pass
-    shape = f"{config.name}-L{config.layers}-H{config.hidden}"
-    return LoadedModel(model.eval(), config, tok, f"random:{shape}",
-                       hashlib.sha256(f"{shape}:{seed}".encode()).hexdigest()[:16], random_weights=True)
+        return None

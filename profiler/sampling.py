@@ -46,10 +46,10 @@ def verify_chain(target_probs: Tensor, drafts: Tensor, draft_probs: Tensor | Non
         q_draft = torch.ones_like(p_draft)
     else:
         q_draft = draft_probs.gather(-1, drafts[..., None])[..., 0]
-    u = torch.rand(B, k, generator=generator)
+    u = torch.rand(B, k, generator=generator, device=target_probs.device)
     flags = u * q_draft < p_draft                       # u < p/q without dividing by a zero q
     accepted = flags.long().cumprod(dim=1).sum(dim=1)
-    rows = torch.arange(B)
+    rows = torch.arange(B, device=target_probs.device)
     position = accepted.clamp(max=k)
     p_next = target_probs[rows, position]                                            # [B, V]
     rejected = accepted < k

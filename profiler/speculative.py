@@ -108,6 +108,9 @@ def speculative_generate(model: Llama, prompts: list[list[int]], max_new_tokens:
     if partial is not None and partial.rectify and sampler is not None:
         raise ValueError("rectify re-checks greedy choices; it takes no temperature")
     shape = (tree or TreeShape(1, k)) if drafter is not None else None
+    device = model.lm_head.weight.device
+    # Phase times are wall times: on a GPU each phase is synchronized before its clock is read.
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     nodes_per_step = shape.nodes if shape is not None else 0
     B = len(prompts)
     max_seq = max(len(p) for p in prompts) + max_new_tokens + nodes_per_step + 2
@@ -116,7 +119,7 @@ def speculative_generate(model: Llama, prompts: list[list[int]], max_new_tokens:
     if drafter is not None:
         drafter.prepare(model, prompts, max_seq)
     first_logits = prefill_logits(model, prompts)
-    first = first_logits.argmax(-1) if sampler is None else sampler.draw(first_logits)[0]
+    first = (first_logits.argmax(-1) if sampler is None else sampler.draw(first_logits)[0]).tolist()
     now = time.perf_counter()
     gen = Generation(outputs=[], prefill_s=now - start, first_token_s=[now - start] * B, finish_s=[0.0] * B)
     alive = [RequestState(b, list(p) + [int(t)], len(p)) for b, (p, t) in enumerate(zip(prompts, first))]
@@ -126,21 +129,26 @@ def speculative_generate(model: Llama, prompts: list[list[int]], max_new_tokens:
     while alive:
         step += 1
         t0 = time.perf_counter()
-        positions = torch.tensor([r.position for r in alive])
-        last = torch.tensor([r.history[-1] for r in alive])
+        positions = torch.tensor([r.position for r in alive], device=device)
+        last = torch.tensor([r.history[-1] for r in alive], device=device)
         modes = [_mode(r, drafter, partial) for r in alive]
         nodes, node_probs = (drafter.propose(DraftInput(model, [r.history for r in alive], last, positions, shape),
                                              sampler) if drafter is not None else (None, None))
+        if nodes is not None:
+            nodes = nodes.to(device)
+        sync()
         t1 = time.perf_counter()
-        layout = _lay_out_step(alive, modes, nodes, shape, partial, model)
+        layout = _lay_out_step(alive, modes, None if nodes is None else nodes.cpu(), shape, partial, model, device)
         logits = model(layout.tokens, layout.positions, mask=layout.mask, slots=layout.slots,
                        logits_at=layout.logits_at, partial=layout.partial)                 # [M, L, V]
+        sync()
         t2 = time.perf_counter()
         selection_s = layout.partial.selection_s if layout.partial is not None else 0.0
         moves, refreshed = [], []
-        at = torch.tensor(layout.verify_from)[:, None] + torch.arange(1 + nodes_per_step)
+        at = (torch.tensor(layout.verify_from)[:, None] + torch.arange(1 + nodes_per_step)).to(device)
         verify_logits = logits.gather(1, at[..., None].expand(-1, -1, logits.shape[-1]))          # [M, 1 + N, V]
         chains = _verify_chains(verify_logits, nodes, sampler, node_probs) if shape is None or shape.width == 1 else None
+        node_lists = nodes.tolist() if nodes is not None else None
         for b, r in enumerate(alive):
             rolled_back = _rectify(r, logits[b], layout) if modes[b] == "full" and partial.rectify else 0
             if rolled_back:
@@ -150,9 +158,9 @@ def speculative_generate(model: Llama, prompts: list[list[int]], max_new_tokens:
                 if chains is not None:
                     path, flags, following = chains[b]
                 else:
-                    path, flags, following = _verify_tree(verify_logits[b], nodes[b], shape, sampler,
+                    path, flags, following = _verify_tree(verify_logits[b], node_lists[b], shape, sampler,
                                                           None if node_probs is None else node_probs[b])
-                new = [] if r.final_check else [int(nodes[b, n]) for n in path] + [following]
+                new = [] if r.final_check else [node_lists[b][n] for n in path] + [following]
                 new = _truncate(new, r.output, max_new_tokens, eos_id)
                 root = r.position
                 moves += [(b, root + 1 + n, root + 1 + i) for i, n in enumerate(path[:len(new)]) if n != i]
@@ -166,17 +174,21 @@ def speculative_generate(model: Llama, prompts: list[list[int]], max_new_tokens:
                                         flags, t1 - t0,
                                         t2 - t1 - selection_s, 0.0, refed=layout.refed[b], rolled_back=rolled_back))
         if moves:
-            rows, source, target = (torch.tensor(column) for column in zip(*moves))
+            rows, source, target = (torch.tensor(column, device=device) for column in zip(*moves))
             model.move_kv(rows, source, target)
             drafter.move_kv(rows, source, target)
+        sync()
         t3 = time.perf_counter()
         if refreshed:
             for b in refreshed:
                 alive[b].refresh, alive[b].steps_since = alive[b].position, 0
-            rows = torch.tensor(refreshed)
-            model.refresh_summaries(rows, torch.tensor([alive[b].position for b in refreshed]), partial.block)
+            rows = torch.tensor(refreshed, device=device)
+            model.refresh_summaries(rows, torch.tensor([alive[b].position for b in refreshed], device=device),
+                                    partial.block)
+        sync()
         t4 = time.perf_counter()
         alive = _drop_finished(model, drafter, alive, finals, gen, start, max_new_tokens, eos_id, partial)
+        sync()
         t5 = time.perf_counter()
         for record in gen.steps[-len(modes):]:
             record.selection_s = selection_s + (t4 - t3)
@@ -214,8 +226,9 @@ class StepLayout:
 
 
 def _lay_out_step(alive: list[RequestState], modes: list[str], nodes: Tensor | None, shape: TreeShape | None,
-                  partial: PartialSpec | None, model: Llama) -> StepLayout:
-    """Per row: [re-fed tokens (full verification), root, tree nodes]."""
+                  partial: PartialSpec | None, model: Llama, device: torch.device) -> StepLayout:
+    """Per row: [re-fed tokens (full verification), root, tree nodes]; built on the host, then
+    moved to the model's device."""
     M = len(alive)
     n_nodes = shape.nodes if nodes is not None else 0
     refeed = [r.history[r.refresh:r.position] if m == "full" and r.refresh is not None else []
@@ -256,12 +269,14 @@ def _lay_out_step(alive: list[RequestState], modes: list[str], nodes: Tensor | N
         refresh = torch.tensor([alive[b].refresh for b in partial_rows])
         ends = torch.tensor([alive[b].position + 1 + n_nodes for b in partial_rows])
         query_valid = torch.arange(T)[None, :] < torch.tensor([lengths[b] for b in partial_rows])[:, None]
-        step = PartialStep(partial, torch.tensor(partial_rows), refresh - partial.window, ends, query_valid)
+        step = PartialStep(partial, torch.tensor(partial_rows, device=device), (refresh - partial.window).to(device),
+                           ends.to(device), query_valid.to(device))
         for i, b in enumerate(partial_rows):
             window_start = int(refresh[i]) - partial.window
             candidates = max(0, window_start // partial.block - -(-partial.sink // partial.block))
             kv_tokens[b] = (partial.sink + min(candidates, partial.budget_blocks) * partial.block
                             + int(ends[i]) - window_start)
+    tokens, positions, slots, mask, logits_at = (t.to(device) for t in (tokens, positions, slots, mask, logits_at))
     return StepLayout(tokens, positions, slots, mask, logits_at,
                       [o - f for o, f in zip((len(f) for f in refeed), first_logit)], lengths, kv_tokens,
                       [len(f) for f in refeed], [r.refresh for r in alive], step)
@@ -286,11 +301,11 @@ def _verify_chains(rows: Tensor, nodes: Tensor | None, sampler: Sampler | None,
     return [(list(range(n)), f, t) for n, f, t in zip(accepted.tolist(), flags.tolist(), following.tolist())]
 
 
-def _verify_tree(rows: Tensor, nodes: Tensor, shape: TreeShape, sampler: Sampler | None,
+def _verify_tree(rows: Tensor, nodes: list[int], shape: TreeShape, sampler: Sampler | None,
                  node_probs: Tensor | None) -> tuple[list[int], list[bool], int]:
     """One request's tree. rows [1 + N, V]: target logits after the root and each node."""
     if sampler is None:
-        path, n, following = verify_tree_greedy(shape, nodes, rows.argmax(-1))
+        path, n, following = verify_tree_greedy(shape, nodes, rows.argmax(-1).tolist())
     else:
         path, n, following = verify_tree_stochastic(shape, nodes, sampler.probs(rows), node_probs, sampler.generator)
     return path, [True] * n + [False] * (shape.depth - n), following
@@ -331,7 +346,7 @@ def _drop_finished(model, drafter, alive, finals, gen, start, max_new_tokens, eo
         finals[r.request] = r.output
         gen.finish_s[r.request] = time.perf_counter() - start
     if len(keep) < len(alive):
-        rows = torch.tensor(keep, dtype=torch.long)
+        rows = torch.tensor(keep, dtype=torch.long, device=model.lm_head.weight.device)
         model.keep_rows(rows)
         if drafter is not None:
             drafter.keep_rows(model, rows)

@@ -55,25 +55,25 @@ class TreeShape:
         return torch.arange(self.width) * self.depth + level - 1
 
 
-def verify_tree_greedy(shape: TreeShape, nodes: Tensor, choice: Tensor) -> tuple[list[int], int, int]:
-    """One request. nodes [N] drafted tokens; choice [1 + N] the target's argmax after the root and
+def verify_tree_greedy(shape: TreeShape, nodes: list[int], choice: list[int]) -> tuple[list[int], int, int]:
+    """One request. nodes: the N drafted tokens; choice: the 1 + N target argmaxes after the root and
     after each node. Returns (accepted node indices along the path, accepted count, next token)."""
     path, parent_row = [], 0
     for branch in range(shape.width):
-        if int(nodes[shape.node(branch, 1)]) == int(choice[0]):
+        if nodes[shape.node(branch, 1)] == choice[0]:
             for level in range(1, shape.depth + 1):
                 n = shape.node(branch, level)
-                if int(nodes[n]) != int(choice[parent_row]):
+                if nodes[n] != choice[parent_row]:
                     break
                 path.append(n)
                 parent_row = 1 + n
             break
-    return path, len(path), int(choice[parent_row])
+    return path, len(path), choice[parent_row]
 
 
-def verify_tree_stochastic(shape: TreeShape, nodes: Tensor, target_probs: Tensor, draft_probs: Tensor | None,
+def verify_tree_stochastic(shape: TreeShape, nodes: list[int], target_probs: Tensor, draft_probs: Tensor | None,
                            generator: torch.Generator | None) -> tuple[list[int], int, int]:
-    """One request. nodes [N]; target_probs [1 + N, V] after the root and each node; draft_probs
+    """One request. nodes: the N drafted tokens; target_probs [1 + N, V] after the root and each node; draft_probs
     [N, V], the distribution each node was drawn from (None: deterministic candidates, one-hot).
     Returns (accepted node indices along the path, accepted count, next token)."""
     path: list[int] = []
@@ -82,9 +82,9 @@ def verify_tree_stochastic(shape: TreeShape, nodes: Tensor, target_probs: Tensor
     while children:
         chosen = None
         for n in children:
-            token = int(nodes[n])
+            token = nodes[n]
             q = draft_probs[n] if draft_probs is not None else _one_hot(token, p)
-            u = float(torch.rand((), generator=generator))
+            u = float(torch.rand((), generator=generator, device=p.device))
             if u * float(q[token]) < float(p[token]):     # u < p/q without dividing by a zero q
                 chosen = n
                 break

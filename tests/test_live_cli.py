@@ -59,6 +59,7 @@ def test_live_run_writes_steps_requests_summary_outputs_and_meta(tmp_path):
     (["--budget", "24"], "--budget: must be a positive multiple of --block 16 (got 24)"),
     (["--budget", "16", "--period", "0"], "--period: must be >= 1 (got 0)"),
     (["--rectify"], "--rectify: needs --budget (partial verification)"),
+    (["--device", "cuda"], "--device: cuda is not available here"),
     (["--tree", "2"], "argument --tree: expects W,D with positive integers (got '2')"),
     (["--method", "none", "--tree", "2,2"], "--tree: needs a drafter"),
     (["--method", "draft_model", "--draft-model", "nowhere.gguf"], "--draft-model: no such model file: nowhere.gguf"),

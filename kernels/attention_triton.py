@@ -1,0 +1,156 @@
+"""One Triton attention kernel for decode, chain and tree verification, and partial verification.
+
+Semantics: kernels/reference.py. The program for (request b, KV head h, split s) packs the
+query heads of h's GQA group into the rows of one tile (row = head_in_group * Q + token), so each
+KV tile is read once per group. Its keys are a virtual list: first the prefix positions the
+request reads (all of them, or kv_index[b, h, :kv_index_lens[b]]), then the Q new tokens at
+kv_lens[b] - Q ..; split s takes one contiguous part of that list. Prefix entries are visible to
+every query; new token j is visible to query i where the tree mask (default causal) allows.
+Each split keeps an online softmax (running max m, normalizer l, accumulator) in fp32 and writes
+them out; a log-sum-exp combine over the splits gives the output. Long contexts use more splits,
+so a batch of a few requests still fills the GPU.
+
+Written for triton 3.6-3.9 and its CPU interpreter: pointer arithmetic only (no block pointers),
+every load masked, fp32 dots in IEEE precision (TF32 would miss the 1e-5 tolerance).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+
+@triton.jit
+def _split_attention(
+    Q, K, V, KV_LENS, TREE, KV_INDEX, KV_INDEX_LENS, ACC, M_OUT, L_OUT,
+    stride_qb, stride_qh, stride_qq, stride_qd,
+    stride_kb, stride_kh, stride_ks, stride_kd,
+    stride_vb, stride_vh, stride_vs, stride_vd,
+    stride_tb, stride_ti, stride_tj,
+    stride_ib, stride_ih, stride_in,
+    kv_heads, sm_scale,
+    Q_LEN: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_TREE: tl.constexpr, HAS_INDEX: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    b = (pid // kv_heads).to(tl.int64)
+    h = (pid % kv_heads).to(tl.int64)
+    kv_len = tl.load(KV_LENS + b).to(tl.int64)
+    prefix = kv_len - Q_LEN
+    if HAS_INDEX:
+        n_prefix = tl.load(KV_INDEX_LENS + b).to(tl.int64)
+    else:
+        n_prefix = prefix
+    total = n_prefix + Q_LEN
+    per_split = (total + SPLITS - 1) // SPLITS
+    start = split * per_split
+    end = tl.minimum(start + per_split, total)
+
+    rows = tl.arange(0, BLOCK_M)
+    row_valid = rows < GROUP * Q_LEN
+    head = h * GROUP + rows // Q_LEN                     # the query head of each row
+    token = rows % Q_LEN                                 # and its new token
+    dims = tl.arange(0, BLOCK_D)
+    dim_valid = dims < HEAD_DIM
+    q = tl.load(Q + b * stride_qb + head[:, None] * stride_qh + token[:, None] * stride_qq + dims[None, :] * stride_qd,
+                mask=row_valid[:, None] & dim_valid[None, :], other=0.0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        entries = n0 + tl.arange(0, BLOCK_N)
+        in_range = entries < end
+        is_prefix = entries < n_prefix
+        new_j = entries - n_prefix
+        if HAS_INDEX:
+            indexed = tl.load(KV_INDEX + b * stride_ib + h * stride_ih + entries * stride_in,
+                              mask=in_range & is_prefix, other=0).to(tl.int64)
+            position = tl.where(is_prefix, indexed, prefix + new_j)
+        else:
+            position = entries
+        position = tl.where(in_range, position, 0)
+        k = tl.load(K + b * stride_kb + h * stride_kh + position[:, None] * stride_ks + dims[None, :] * stride_kd,
+                    mask=in_range[:, None] & dim_valid[None, :], other=0.0)
+        v = tl.load(V + b * stride_vb + h * stride_vh + position[:, None] * stride_vs + dims[None, :] * stride_vd,
+                    mask=in_range[:, None] & dim_valid[None, :], other=0.0)
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale          # [BLOCK_M, BLOCK_N]
+        is_new = in_range & (entries >= n_prefix)
+        if HAS_TREE:
+            tree = tl.load(TREE + b * stride_tb + token[:, None] * stride_ti + new_j[None, :] * stride_tj,
+                           mask=row_valid[:, None] & is_new[None, :], other=0)
+            new_ok = (tree != 0) | (new_j[None, :] == token[:, None])
+        else:
+            new_ok = new_j[None, :] <= token[:, None]
+        allowed = row_valid[:, None] & in_range[None, :] & (is_prefix[None, :] | new_ok)
+        scores = tl.where(allowed, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)        # a row with nothing visible yet
+        p = tl.exp(scores - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+
+    # Partial results [B * Hkv, SPLITS, BLOCK_M, BLOCK_D] (+ m, l [.., BLOCK_M]), contiguous.
+    base = (pid * SPLITS + split) * BLOCK_M
+    tl.store(ACC + (base + rows[:, None]) * BLOCK_D + dims[None, :], acc)
+    tl.store(M_OUT + base + rows, m_i)
+    tl.store(L_OUT + base + rows, l_i)
+
+
+def splits_for(total_keys: int, programs: int) -> int:
+    """More splits for long contexts and few programs: about 132 SMs' worth of programs, each at
+    least 256 keys (an H100/H200 has 132)."""
+    by_length = max(1, total_keys // 256)
+    by_occupancy = max(1, -(-132 // max(programs, 1)))
+    return int(min(16, by_length, by_occupancy))
+
+
+def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, kv_lens: Tensor, *, tree_mask: Tensor | None = None,
+              kv_index: Tensor | None = None, kv_index_lens: Tensor | None = None, sm_scale: float | None = None,
+              splits: int | None = None, block_n: int = 64) -> Tensor:
+    B, Hq, Q, D = q.shape
+    Hkv = k_cache.shape[1]
+    group = Hq // Hkv
+    if Hq % Hkv:
+        raise ValueError(f"query heads {Hq} are not a multiple of KV heads {Hkv}")
+    block_m = max(16, triton.next_power_of_2(group * Q))
+    block_d = max(16, triton.next_power_of_2(D))
+    longest = int(kv_index.shape[-1]) + Q if kv_index is not None else int(kv_lens.max())
+    splits = splits or splits_for(longest, B * Hkv)
+    device = q.device
+    # Poisoned scratch: a tile the kernel fails to write would surface as NaN in the output.
+    acc = torch.full((B * Hkv, splits, block_m, block_d), float("nan"), dtype=torch.float32, device=device)
+    m = torch.full((B * Hkv, splits, block_m), float("nan"), dtype=torch.float32, device=device)
+    l = torch.full_like(m, float("nan"))
+    kv_lens = kv_lens.to(device=device, dtype=torch.int32)
+    tree = tree_mask.to(torch.int8) if tree_mask is not None else kv_lens        # a dummy pointer when absent
+    index = kv_index.to(torch.int32) if kv_index is not None else kv_lens
+    index_lens = kv_index_lens.to(device=device, dtype=torch.int32) if kv_index is not None else kv_lens
+    tree_strides = tree.stride() if tree_mask is not None else (0, 0, 0)
+    index_strides = index.stride() if kv_index is not None else (0, 0, 0)
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"    # ignored for 16-bit inputs
+    _split_attention[(B * Hkv, splits)](
+        q, k_cache, v_cache, kv_lens, tree, index, index_lens, acc, m, l,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *tree_strides, *index_strides,
+        Hkv, sm_scale if sm_scale is not None else D ** -0.5,
+        Q_LEN=Q, GROUP=group, HEAD_DIM=D, SPLITS=splits, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        HAS_TREE=tree_mask is not None, HAS_INDEX=kv_index is not None, PRECISION=precision)
+    return combine_splits(acc, m, l, B, Hkv, group, Q, D).to(q.dtype)
+
+
+def combine_splits(acc: Tensor, m: Tensor, l: Tensor, B: int, Hkv: int, group: int, Q: int, D: int) -> Tensor:
+    """Log-sum-exp combine of the splits' online-softmax states -> [B, Hq, Q, D] fp32."""
+    m_all = m.amax(dim=1, keepdim=True)
+    m_all = torch.where(torch.isinf(m_all), 0.0, m_all)
+    weight = torch.exp(m - m_all)                                  # 0 for splits that saw nothing
+    weight = torch.where(torch.isnan(weight) & torch.isinf(m), 0.0, weight)
+    numerator = (acc * weight[..., None]).sum(dim=1)               # [B*Hkv, BLOCK_M, BLOCK_D]
+    denominator = (l * weight).sum(dim=1)
+    rows = group * Q
+    out = numerator[:, :rows, :D] / denominator[:, :rows, None]
+    return out.reshape(B, Hkv, group, Q, D).reshape(B, Hkv * group, Q, D)

@@ -1,0 +1,113 @@
+"""kernels.attention (Triton, through the CPU interpreter) against a float64 reference on random
+shapes, random trees, partial-KV indices with padding and unsorted entries, and ragged lengths."""
+import os
+
+import pytest
+
+os.environ["TRITON_INTERPRET"] = "1"          # before kernels (and triton) are imported
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import kernels  # noqa: E402
+from kernels import reference  # noqa: E402
+
+if not kernels.INTERPRET:
+    pytest.skip("kernels was imported before TRITON_INTERPRET=1 was set", allow_module_level=True)
+
+
+def random_tree_mask(parents: list[int]) -> torch.Tensor:
+    """[Q, Q] bool: node i sees j when j is i or an ancestor; parents[i] < i, -1 for the root's children."""
+    Q = len(parents)
+    mask = torch.eye(Q, dtype=torch.bool)
+    for i, parent in enumerate(parents):
+        if parent >= 0:
+            mask[i] |= mask[parent]
+    return mask
+
+
+@st.composite
+def cases(draw):
+    B, kv_heads, group = draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(1, 4))
+    Q, D = draw(st.integers(1, 8)), draw(st.sampled_from([16, 32, 64]))
+    S = draw(st.integers(Q + 1, 300))
+    lens = [draw(st.integers(Q, S)) for _ in range(B)]
+    tree = draw(st.booleans())
+    parents = [[draw(st.integers(-1, i - 1)) for i in range(Q)] for _ in range(B)] if tree else None
+    indexed = draw(st.booleans())
+    return dict(B=B, kv_heads=kv_heads, group=group, Q=Q, D=D, S=S, lens=lens, parents=parents, indexed=indexed,
+                seed=draw(st.integers(0, 2**31 - 1)))
+
+
+def build(case, dtype):
+    g = torch.Generator().manual_seed(case["seed"])
+    B, Hkv, group, Q, D, S = (case[k] for k in ("B", "kv_heads", "group", "Q", "D", "S"))
+    q = torch.randn(B, Hkv * group, Q, D, generator=g, dtype=torch.float64)
+    k = torch.randn(B, Hkv, S, D, generator=g, dtype=torch.float64)
+    v = torch.randn(B, Hkv, S, D, generator=g, dtype=torch.float64)
+    kv_lens = torch.tensor(case["lens"])
+    kwargs = {}
+    if case["parents"] is not None:
+        kwargs["tree_mask"] = torch.stack([random_tree_mask(p) for p in case["parents"]])
+    if case["indexed"]:
+        # A random subset of each head's prefix, shuffled, padded with garbage past its length.
+        N = max(1, max(l - Q for l in case["lens"]))
+        index = torch.randint(0, S, (B, Hkv, N), generator=g, dtype=torch.int32)
+        index_lens = torch.zeros(B, dtype=torch.int32)
+        for b, length in enumerate(case["lens"]):
+            prefix = length - Q
+            count = int(torch.randint(0, prefix + 1, (1,), generator=g)) if prefix else 0
+            for h in range(Hkv):
+                index[b, h, :count] = torch.randperm(prefix, generator=g)[:count].to(torch.int32)
+            index_lens[b] = count
+        kwargs.update(kv_index=index, kv_index_lens=index_lens)
+    return (q.to(dtype), k.to(dtype), v.to(dtype), kv_lens), kwargs, (q, k, v)
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=cases())
+def test_fp32_matches_the_float64_reference(case):
+    (q, k, v, kv_lens), kwargs, (q64, k64, v64) = build(case, torch.float32)
+    out = kernels.attention(q, k, v, kv_lens, **kwargs)
+    expected = reference.attention(q64, k64, v64, kv_lens, **kwargs)
+    assert out.dtype == torch.float32 and not torch.isnan(out).any()
+    error = (out.double() - expected).abs().max() / expected.abs().max()
+    assert error <= 1e-5
+
+
+@settings(max_examples=15, deadline=None)
+@given(case=cases())
+def test_fp16_matches_the_float64_reference(case):
+    (q, k, v, kv_lens), kwargs, _ = build(case, torch.float16)
+    out = kernels.attention(q, k, v, kv_lens, **kwargs)
+    expected = reference.attention(q.double(), k.double(), v.double(), kv_lens, **kwargs)
+    assert out.dtype == torch.float16
+    assert (out.double() - expected).abs().max() / expected.abs().max() <= 2e-3
+
+
+def test_long_contexts_split_the_keys_and_combine_exactly():
+    from kernels.attention_triton import attention as triton_attention
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 3, 32, generator=g)
+    k, v = torch.randn(1, 2, 1200, 32, generator=g), torch.randn(1, 2, 1200, 32, generator=g)
+    kv_lens = torch.tensor([1100])
+    one = triton_attention(q, k, v, kv_lens, splits=1)
+    many = triton_attention(q, k, v, kv_lens, splits=5)
+    expected = reference.attention(q.double(), k.double(), v.double(), kv_lens)
+    for out in (one, many):
+        assert (out.double() - expected).abs().max() / expected.abs().max() <= 1e-5
+
+
+def test_the_reference_is_plain_softmax_attention_for_one_decode_token():
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 6, 1, 16, generator=g, dtype=torch.float64)
+    k, v = torch.randn(2, 3, 40, 16, generator=g, dtype=torch.float64), torch.randn(2, 3, 40, 16, generator=g, dtype=torch.float64)
+    kv_lens = torch.tensor([40, 25])
+    out = reference.attention(q, k, v, kv_lens)
+    for b, length in enumerate((40, 25)):
+        for head in range(6):
+            keys, values = k[b, head // 2, :length], v[b, head // 2, :length]
+            weights = torch.softmax(keys @ q[b, head, 0] / 4.0, dim=0)
+            torch.testing.assert_close(out[b, head, 0], weights @ values)

@@ -254,7 +254,12 @@ def live_command(args) -> int:
         prompts = [tok.encode_chat(row["text"]) for row in rows]
     longest = max(len(p) for p in prompts)
     drafted = args.tree[0] * args.tree[1] if args.tree is not None else args.k
-    if longest + args.max_new_tokens + drafted + 2 > config.max_context:
+    if args.method == "none":
+        drafted = 0
+    refeed = 0      # the engine's room for padding ragged SpecPV re-feeds (profiler.speculative)
+    if args.budget is not None:
+        refeed = args.period * (drafted + 1) if args.period_unit == "steps" else args.period + drafted + 1
+    if longest + args.max_new_tokens + 2 * (drafted + 1) + refeed + 2 > config.max_context:
         raise ScenarioError("--max-new-tokens", f"prompt {longest} + {args.max_new_tokens} new tokens exceed the "
                                                 f"model's maximum context {config.max_context}")
     if args.budget is not None and args.budget >= longest:

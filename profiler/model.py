@@ -10,13 +10,14 @@ attention only reads positions below each query's own and the next write overwri
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from profiler.partial import PartialStep, attend_partial, summarize_blocks
+from profiler.partial import PartialStep, attend_partial, select_kv_index, summarize_blocks
 from sim.presets.models import ModelSpec
 
 
@@ -26,6 +27,14 @@ class LlamaConfig(ModelSpec):
     plus what running the model needs besides."""
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+
+
+@dataclass
+class KernelLayout:
+    """A verification step in the form kernels.attention takes, used on CUDA: each row's T new
+    tokens sit at slots kv_lens - T .. kv_lens - 1, and tree_mask says which of them each sees."""
+    kv_lens: Tensor            # [B] int32
+    tree_mask: Tensor          # [B, T, T] bool
 
 
 class RMSNorm(nn.Module):
@@ -67,7 +76,7 @@ class Attention(nn.Module):
         self.block_min: Tensor | None = None
 
     def forward(self, x: Tensor, cache_index: Tensor, rotation: Tensor, mask: Tensor,
-                partial: PartialStep | None = None) -> Tensor:
+                partial: PartialStep | None = None, kernel: KernelLayout | None = None) -> Tensor:
         # x: [B, T, hidden]; cache_index: [B, H_kv, T, D] cache slots of the new tokens;
         # rotation: [B, T, 1, D/2]; mask: [B, 1, T, S] bool over cache slots, True = may attend
         B, T, _ = x.shape
@@ -78,7 +87,9 @@ class Attention(nn.Module):
         # Write the new K/V at each request's own slots.
         self.k_cache.scatter_(2, cache_index, k)
         self.v_cache.scatter_(2, cache_index, v)
-        if partial is None:
+        if kernel is not None:
+            out = self.attend_kernel(q, kernel, partial)
+        elif partial is None:
             out = self.attend_full(q, mask)
         else:
             # SpecPV: the partial rows read sink + selected blocks + recent tokens; the others all.
@@ -91,6 +102,37 @@ class Attention(nn.Module):
                                                partial, self.block_max[partial.rows], self.block_min[partial.rows],
                                                attend_small_query)
         return self.wo(out.transpose(1, 2).reshape(B, T, self.heads * self.head_dim))
+
+    def attend_kernel(self, q: Tensor, kernel: KernelLayout, partial: PartialStep | None) -> Tensor:
+        """The Triton kernel (kernels.attention): the whole prefix, or for SpecPV's partial rows the
+        selected positions (sink + blocks + recent tokens before the new ones)."""
+        import kernels
+
+        B, T = q.shape[0], q.shape[2]
+        caches = self.k_cache[:B], self.v_cache[:B]
+        if partial is None:
+            return kernels.attention(q, *caches, kernel.kv_lens, tree_mask=kernel.tree_mask)
+        t0 = time.perf_counter()
+        new_start = kernel.kv_lens.long() - T
+        index_p, valid_p = select_kv_index(q[partial.rows], self.block_max[partial.rows],
+                                           self.block_min[partial.rows], partial)
+        valid_p &= index_p < new_start[partial.rows][:, None, None]          # the new tokens come as new
+        whole = torch.ones(B, dtype=torch.bool, device=q.device)
+        whole[partial.rows] = False
+        N = max(index_p.shape[-1], int(new_start[whole].max()) if whole.any() else 0)
+        positions = torch.arange(N, device=q.device).expand(B, self.kv_heads, N)
+        index = positions.clone()
+        valid = positions < new_start[:, None, None]
+        index[partial.rows, :, :index_p.shape[-1]] = index_p
+        valid[partial.rows] = False
+        valid[partial.rows, :, :index_p.shape[-1]] = valid_p
+        # The kernel reads the first kv_index_lens entries: put each row's valid ones first.
+        order = torch.sort((~valid).to(torch.int8), dim=-1, stable=True).indices
+        index = index.gather(-1, order).to(torch.int32)
+        lens = valid[:, 0].sum(-1).to(torch.int32)
+        partial.selection_s += time.perf_counter() - t0
+        return kernels.attention(q, *caches, kernel.kv_lens, tree_mask=kernel.tree_mask, kv_index=index,
+                                 kv_index_lens=lens)
 
     def attend_full(self, q: Tensor, mask: Tensor, rows: Tensor | None = None) -> Tensor:
         """Attention over every slot the mask allows; `rows`: the cache rows of q's rows (default
@@ -155,8 +197,8 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(config.hidden, config.norm_eps)
         self.feed_forward = FeedForward(config)
 
-    def forward(self, x, cache_index, rotation, mask, partial=None):
-        x = x + self.attention(self.attention_norm(x), cache_index, rotation, mask, partial)
+    def forward(self, x, cache_index, rotation, mask, partial=None, kernel=None):
+        x = x + self.attention(self.attention_norm(x), cache_index, rotation, mask, partial, kernel)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -188,7 +230,7 @@ class Llama(nn.Module):
 
     def forward(self, tokens: Tensor, positions: Tensor, mask: Tensor | None = None, slots: Tensor | None = None,
                 logits_from: int = 0, logits_at: Tensor | None = None, exit_layer: int | None = None,
-                partial: PartialStep | None = None) -> Tensor:
+                partial: PartialStep | None = None, kernel: KernelLayout | None = None) -> Tensor:
         """tokens, positions: [B, T]; returns logits [B, T - logits_from, vocab] in fp32.
 
         slots: [B, T] cache slots the new K/V go to (default: the positions; a tree's nodes share
@@ -199,6 +241,7 @@ class Llama(nn.Module):
         ([B, 1 or L, vocab]), for ragged inputs padded to a common length.
         exit_layer: run only the first layers, then the final norm and LM head (LayerSkip draft).
         partial: SpecPV rows attending a partial KV cache (profiler.partial).
+        kernel: the same step for kernels.attention, which replaces the torch attention on CUDA.
         """
         if mask is None:
             mask = causal_mask(positions, int(positions.max()) + 1)
@@ -210,7 +253,7 @@ class Llama(nn.Module):
         cache_index = slots[:, None, :, None].expand(B, c.kv_heads, T, c.head_dim)
         x = self.embed(tokens)
         for layer in self.layers[:exit_layer]:
-            x = layer(x, cache_index, rotation, mask, partial)
+            x = layer(x, cache_index, rotation, mask, partial, kernel)
         if logits_at is not None:
             at = logits_at if logits_at.dim() == 2 else logits_at[:, None]
             x = x[torch.arange(B, device=x.device)[:, None], at]

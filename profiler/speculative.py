@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from profiler.drafters import DraftInput, Drafter
-from profiler.model import Llama, add_tree_edges, context_mask
+from profiler.model import KernelLayout, Llama, add_tree_edges, context_mask
 from profiler.partial import PartialSpec, PartialStep
 from profiler.sampling import probs_from_logits, sample, verify_chain
 from profiler.tree import TreeShape, verify_tree_greedy, verify_tree_stochastic
@@ -100,20 +100,29 @@ class RequestState:
 @torch.inference_mode()
 def speculative_generate(model: Llama, prompts: list[list[int]], max_new_tokens: int, drafter: Drafter | None,
                          k: int = 4, eos_id: int | None = None, sampler: Sampler | None = None,
-                         tree: TreeShape | None = None, partial: PartialSpec | None = None) -> Generation:
+                         tree: TreeShape | None = None, partial: PartialSpec | None = None,
+                         use_kernels: bool | None = None) -> Generation:
     """Generation of every prompt, greedy (or sampled with `sampler`); speculative when `drafter`
-    is given, drafting a chain of k or `tree`; SpecPV partial verification with `partial`."""
+    is given, drafting a chain of k or `tree`; SpecPV partial verification with `partial`.
+    use_kernels: verification attention by kernels.attention (default: on CUDA; on the CPU it
+    needs TRITON_INTERPRET=1 and runs the Triton code interpreted, for tests)."""
     from profiler.generate import prefill_logits
 
     if partial is not None and partial.rectify and sampler is not None:
         raise ValueError("rectify re-checks greedy choices; it takes no temperature")
     shape = (tree or TreeShape(1, k)) if drafter is not None else None
     device = model.lm_head.weight.device
+    use_kernels = device.type == "cuda" if use_kernels is None else use_kernels
     # Phase times are wall times: on a GPU each phase is synchronized before its clock is read.
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     nodes_per_step = shape.nodes if shape is not None else 0
     B = len(prompts)
-    max_seq = max(len(p) for p in prompts) + max_new_tokens + nodes_per_step + 2
+    # Room for the longest request, its tree, and the padding of a step whose rows re-feed
+    # different numbers of tokens (SpecPV: up to a period's worth, placed after each row's own).
+    refeed = 0
+    if partial is not None:
+        refeed = partial.period * (nodes_per_step + 1) if partial.period_unit == "steps" else partial.period + nodes_per_step + 1
+    max_seq = max(len(p) for p in prompts) + max_new_tokens + 2 * (nodes_per_step + 1) + refeed + 2
     model.setup_cache(B, max_seq)
     start = time.perf_counter()
     if drafter is not None:
@@ -138,9 +147,10 @@ def speculative_generate(model: Llama, prompts: list[list[int]], max_new_tokens:
             nodes = nodes.to(device)
         sync()
         t1 = time.perf_counter()
-        layout = _lay_out_step(alive, modes, None if nodes is None else nodes.cpu(), shape, partial, model, device)
+        layout = _lay_out_step(alive, modes, None if nodes is None else nodes.cpu(), shape, partial, device,
+                               use_kernels)
         logits = model(layout.tokens, layout.positions, mask=layout.mask, slots=layout.slots,
-                       logits_at=layout.logits_at, partial=layout.partial)                 # [M, L, V]
+                       logits_at=layout.logits_at, partial=layout.partial, kernel=layout.kernel)   # [M, L, V]
         sync()
         t2 = time.perf_counter()
         selection_s = layout.partial.selection_s if layout.partial is not None else 0.0
@@ -223,10 +233,11 @@ class StepLayout:
     refed: list[int]
     refresh: list[int | None]
     partial: PartialStep | None
+    kernel: KernelLayout | None       # on CUDA: the step as kernels.attention takes it
 
 
 def _lay_out_step(alive: list[RequestState], modes: list[str], nodes: Tensor | None, shape: TreeShape | None,
-                  partial: PartialSpec | None, model: Llama, device: torch.device) -> StepLayout:
+                  partial: PartialSpec | None, device: torch.device, use_kernels: bool) -> StepLayout:
     """Per row: [re-fed tokens (full verification), root, tree nodes]; built on the host, then
     moved to the model's device."""
     M = len(alive)
@@ -235,10 +246,9 @@ def _lay_out_step(alive: list[RequestState], modes: list[str], nodes: Tensor | N
               for r, m in zip(alive, modes)]
     lengths = [len(f) + 1 + n_nodes for f in refeed]
     T = max(lengths)
-    trash = model.layers[0].attention.k_cache.shape[2] - 1
     tokens = torch.zeros(M, T, dtype=torch.long)
     positions = torch.zeros(M, T, dtype=torch.long)
-    slots = torch.full((M, T), trash, dtype=torch.long)
+    slots = torch.zeros(M, T, dtype=torch.long)
     context_end = torch.zeros(M, T, dtype=torch.long)      # padding sees slot 0 only: no empty softmax
     first_logit, kv_tokens = [], []
     rectify = partial is not None and partial.rectify
@@ -252,9 +262,13 @@ def _lay_out_step(alive: list[RequestState], modes: list[str], nodes: Tensor | N
             positions[b, o + 1:o + 1 + n_nodes] = p + shape.levels
             slots[b, o + 1:o + 1 + n_nodes] = p + 1 + torch.arange(n_nodes)
             context_end[b, o + 1:o + 1 + n_nodes] = p
+        # Padding goes to the slots right after the row's own tokens (past its position: no query
+        # looks there, a later step overwrites them), so every row's T tokens are consecutive.
+        pad = T - lengths[b]
+        slots[b, lengths[b]:] = p + 1 + n_nodes + torch.arange(pad)
         first_logit.append(0 if m == "full" and rectify else o)
         kv_tokens.append(p + 1 + n_nodes)
-    S = int(slots.masked_fill(slots == trash, 0).max()) + 1
+    S = int(slots.max()) + 1
     mask = context_mask(context_end, positions, S)
     if n_nodes:
         offsets = torch.tensor([len(f) + 1 for f in refeed])[:, None]
@@ -276,10 +290,16 @@ def _lay_out_step(alive: list[RequestState], modes: list[str], nodes: Tensor | N
             candidates = max(0, window_start // partial.block - -(-partial.sink // partial.block))
             kv_tokens[b] = (partial.sink + min(candidates, partial.budget_blocks) * partial.block
                             + int(ends[i]) - window_start)
+    kernel = None
+    if use_kernels:
+        starts = torch.tensor([r.position - len(f) for r, f in zip(alive, refeed)])
+        new_slots = starts[:, None] + torch.arange(T)
+        tree_mask = mask[:, 0].gather(2, new_slots[:, None, :].expand(M, T, T))
+        kernel = KernelLayout((starts + T).to(device=device, dtype=torch.int32), tree_mask.to(device))
     tokens, positions, slots, mask, logits_at = (t.to(device) for t in (tokens, positions, slots, mask, logits_at))
     return StepLayout(tokens, positions, slots, mask, logits_at,
                       [o - f for o, f in zip((len(f) for f in refeed), first_logit)], lengths, kv_tokens,
-                      [len(f) for f in refeed], [r.refresh for r in alive], step)
+                      [len(f) for f in refeed], [r.refresh for r in alive], step, kernel)
 
 
 def _verify_chains(rows: Tensor, nodes: Tensor | None, sampler: Sampler | None,

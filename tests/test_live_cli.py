@@ -91,3 +91,19 @@ def test_unsupported_architectures_are_refused(tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert "--model: " in proc.stderr and "GPT2LMHeadModel is not of the Llama family" in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_random_weights_of_a_preset_run_with_a_saved_tokenizer(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    from profiler.gguf_loader import smollm2_path
+    from profiler.tokenizer import tokenizer_from_gguf
+
+    tokenizer = tmp_path / "tokenizer.json"
+    tokenizer_from_gguf(gguf.GGUFReader(smollm2_path())).save(tokenizer)
+    out = tmp_path / "run"
+    proc = live("--model", "smollm2-135m", "--tokenizer", tokenizer, "--method", "ngram", "--k", 2, "--limit", 1,
+                "--max-new-tokens", 4, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["random_weights"] and meta["model"].startswith("random:smollm2-135m")
+    assert json.loads((out / "summary.json").read_text())["requests"] == 1

@@ -66,13 +66,52 @@ def read_config(reader) -> LlamaConfig:
         norm_eps=float(_field(reader, p + "attention.layer_norm_rms_epsilon", 1e-5)))
 
 
-def permute_rope(weight: np.ndarray, heads: int) -> np.ndarray:
-    """[heads * D, in] Q or K rows from Hugging Face's half-split rotary layout to the interleaved
-    one (llama.cpp's convert script does the same)."""
+def permute_rope(weight, heads: int):
+    """[heads * D, in] Q or K rows (numpy or torch) from Hugging Face's half-split rotary layout to
+    the interleaved one (llama.cpp's convert script does the same)."""
     out_features, in_features = weight.shape
     head_dim = out_features // heads
     return (weight.reshape(heads, 2, head_dim // 2, in_features).swapaxes(1, 2)
             .reshape(out_features, in_features))
+
+
+# Where each weight of profiler.model.Llama lives in a GGUF file ({i}: the layer).
+GGUF_NAMES = {
+    "embed": "token_embd.weight", "norm": "output_norm.weight", "lm_head": "output.weight",
+    "q": "blk.{i}.attn_q.weight", "k": "blk.{i}.attn_k.weight", "v": "blk.{i}.attn_v.weight",
+    "o": "blk.{i}.attn_output.weight", "gate": "blk.{i}.ffn_gate.weight", "up": "blk.{i}.ffn_up.weight",
+    "down": "blk.{i}.ffn_down.weight", "attn_norm": "blk.{i}.attn_norm.weight", "ffn_norm": "blk.{i}.ffn_norm.weight",
+}
+
+
+def build_llama(config: LlamaConfig, weight, names: dict[str, str], dtype: torch.dtype, device: str = "cpu",
+                permute_qk: bool = False) -> Llama:
+    """A Llama of `config` from a checkpoint: weight(name) -> fp32 tensor for the checkpoint's
+    names (`names`, as GGUF_NAMES); Q and K rows permuted from the half-split rotary layout when
+    `permute_qk` (Hugging Face)."""
+    state = {"embed.weight": weight(names["embed"]), "norm.weight": weight(names["norm"])}
+    if not config.tied_embeddings:
+        state["lm_head.weight"] = weight(names["lm_head"])
+    for i in range(config.layers):
+        def w(key: str) -> torch.Tensor:
+            return weight(names[key].format(i=i))
+
+        q, k = w("q"), w("k")
+        if permute_qk:
+            q, k = permute_rope(q, config.heads), permute_rope(k, config.kv_heads)
+        state[f"layers.{i}.attention.wqkv.weight"] = torch.cat([q, k, w("v")])
+        state[f"layers.{i}.attention.wo.weight"] = w("o")
+        state[f"layers.{i}.feed_forward.w_gate_up.weight"] = torch.cat([w("gate"), w("up")])
+        state[f"layers.{i}.feed_forward.w_down.weight"] = w("down")
+        state[f"layers.{i}.attention_norm.weight"] = w("attn_norm")
+        state[f"layers.{i}.ffn_norm.weight"] = w("ffn_norm")
+    with torch.device("meta"):
+        model = Llama(config)
+    model = model.to_empty(device="cpu")
+    model.load_state_dict(state, strict=False, assign=True)
+    if config.tied_embeddings:
+        model.lm_head.weight = model.embed.weight
+    return model.to(device=device, dtype=dtype).eval()
 
 
 def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> GGUFModel:
@@ -94,27 +133,8 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> GGUFModel
         t = tensors[name]
         return np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
 
-    with torch.device("meta"):
-        model = Llama(config)
-    model = model.to_empty(device="cpu")
-    state = {"embed.weight": weight("token_embd.weight"), "norm.weight": weight("output_norm.weight")}
-    if not config.tied_embeddings:
-        state["lm_head.weight"] = weight("output.weight")
-    for i in range(config.layers):
-        b = f"blk.{i}."
-        state[f"layers.{i}.attention.wqkv.weight"] = np.concatenate(
-            [weight(b + "attn_q.weight"), weight(b + "attn_k.weight"), weight(b + "attn_v.weight")])
-        state[f"layers.{i}.attention.wo.weight"] = weight(b + "attn_output.weight")
-        state[f"layers.{i}.feed_forward.w_gate_up.weight"] = np.concatenate(
-            [weight(b + "ffn_gate.weight"), weight(b + "ffn_up.weight")])
-        state[f"layers.{i}.feed_forward.w_down.weight"] = weight(b + "ffn_down.weight")
-        state[f"layers.{i}.attention_norm.weight"] = weight(b + "attn_norm.weight")
-        state[f"layers.{i}.ffn_norm.weight"] = weight(b + "ffn_norm.weight")
     # torch.tensor copies: some arrays are read-only views of the memory-mapped file.
-    model.load_state_dict({k: torch.tensor(v) for k, v in state.items()}, strict=False, assign=True)
-    if config.tied_embeddings:
-        model.lm_head.weight = model.embed.weight
-    model = model.to(dtype).eval()
+    model = build_llama(config, lambda name: torch.tensor(weight(name)), GGUF_NAMES, dtype)
     metadata = {key: _field(reader, key) for key in reader.fields
                 if not key.startswith("tokenizer.ggml.") and key != "tokenizer.chat_template"}
     return GGUFModel(model, config, metadata, path, _sha256_prefix(path))

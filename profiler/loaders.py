@@ -20,10 +20,18 @@ from pathlib import Path
 
 import torch
 
-from profiler.gguf_loader import ModelLoadError, load_gguf, permute_rope, smollm2_path
+from profiler.gguf_loader import ModelLoadError, build_llama, load_gguf, smollm2_path
 from profiler.model import Llama, LlamaConfig
 
 REAL_WEIGHT_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM"}   # no QKV bias, no QK-norm
+HF_NAMES = {
+    "embed": "model.embed_tokens.weight", "norm": "model.norm.weight", "lm_head": "lm_head.weight",
+    "q": "model.layers.{i}.self_attn.q_proj.weight", "k": "model.layers.{i}.self_attn.k_proj.weight",
+    "v": "model.layers.{i}.self_attn.v_proj.weight", "o": "model.layers.{i}.self_attn.o_proj.weight",
+    "gate": "model.layers.{i}.mlp.gate_proj.weight", "up": "model.layers.{i}.mlp.up_proj.weight",
+    "down": "model.layers.{i}.mlp.down_proj.weight", "attn_norm": "model.layers.{i}.input_layernorm.weight",
+    "ffn_norm": "model.layers.{i}.post_attention_layernorm.weight",
+}
 
 
 @dataclass(frozen=True)
@@ -107,31 +115,9 @@ def load_hf_dir(folder: Path, dtype=torch.float32, device: str = "cpu") -> Loade
             raise ModelLoadError(f"{folder.name} lacks tensor {key}")
         return tensors[key].float()
 
-    state = {"embed.weight": weight("model.embed_tokens.weight"), "norm.weight": weight("model.norm.weight")}
-    tied = config.tied_embeddings or "lm_head.weight" not in tensors
-    if not tied:
-        state["lm_head.weight"] = weight("lm_head.weight")
-    for i in range(config.layers):
-        b = f"model.layers.{i}."
-        q = permute_rope(weight(b + "self_attn.q_proj.weight").numpy(), config.heads)
-        k = permute_rope(weight(b + "self_attn.k_proj.weight").numpy(), config.kv_heads)
-        state[f"layers.{i}.attention.wqkv.weight"] = torch.cat(
-            [torch.from_numpy(q), torch.from_numpy(k), weight(b + "self_attn.v_proj.weight")])
-        state[f"layers.{i}.attention.wo.weight"] = weight(b + "self_attn.o_proj.weight")
-        state[f"layers.{i}.feed_forward.w_gate_up.weight"] = torch.cat(
-            [weight(b + "mlp.gate_proj.weight"), weight(b + "mlp.up_proj.weight")])
-        state[f"layers.{i}.feed_forward.w_down.weight"] = weight(b + "mlp.down_proj.weight")
-        state[f"layers.{i}.attention_norm.weight"] = weight(b + "input_layernorm.weight")
-        state[f"layers.{i}.ffn_norm.weight"] = weight(b + "post_attention_layernorm.weight")
-    if tied != config.tied_embeddings:
-        config = LlamaConfig(**{**config.__dict__, "tied_embeddings": True})
-    with torch.device("meta"):
-        model = Llama(config)
-    model = model.to_empty(device="cpu")
-    model.load_state_dict(state, strict=False, assign=True)
-    if config.tied_embeddings:
-        model.lm_head.weight = model.embed.weight
-    model = model.to(device=device, dtype=dtype).eval()
+    if "lm_head.weight" not in tensors and not config.tied_embeddings:
+        config = LlamaConfig(**{**config.__dict__, "tied_embeddings": True})     # a head-less checkpoint ties
+    model = build_llama(config, weight, HF_NAMES, dtype, device, permute_qk=True)
     digest = hashlib.sha256()
     for shard in shards:
         digest.update(shard.name.encode() + str(shard.stat().st_size).encode())

@@ -307,7 +307,6 @@ def _verify_chains(rows: Tensor, nodes: Tensor | None, sampler: Sampler | None,
     """Chains (or plain decoding), the whole batch at once. rows [M, 1 + k, V]: target logits
     after the root and each draft. Per request: (accepted node indices, per-position accept
     flags, the target's next token)."""
-    M = rows.shape[0]
     if nodes is None:
         following = rows[:, 0].argmax(-1) if sampler is None else sampler.draw(rows[:, 0])[0]
         return [([], [], t) for t in following.tolist()]

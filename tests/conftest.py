@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+SHARED_DATA = REPO.parent / "shared" / "data"
 
 # The kernel tests run Triton for real on a GPU and through its CPU interpreter elsewhere; the
 # interpreter must be chosen before triton is first imported.
@@ -37,3 +38,23 @@ UNIT_HARDWARE = {"memory_gb": 100, "hbm_gb_s": 1, "bf16_tflops": 1, "fp16_tflops
 UNIT_ENGINE = {"preset": "vllm", "mem_efficiency": 1.0, "compute_efficiency": 1.0, "step_overhead_s": 0.0,
                "request_overhead_s": 0.0, "forward_overhead_s": 0.0, "layer_overhead_s": 0.0,
                "ngram_lookup_s": 0.0, "link_efficiency": 1.0}
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M-Instruct in fp32 and its tokenizer, loaded once for the session."""
+    pytest.importorskip("torch")
+    gguf = pytest.importorskip("gguf")
+    from profiler.gguf_loader import load_gguf, smollm2_path
+    from profiler.tokenizer import tokenizer_from_gguf
+
+    loaded = load_gguf(smollm2_path())
+    return loaded.model, tokenizer_from_gguf(gguf.GGUFReader(loaded.path))
+
+
+def spec_bench_rows() -> list[dict]:
+    """The Spec-Bench questions from ../shared/data (the test skips without them)."""
+    path = SHARED_DATA / "spec_bench_questions.jsonl"
+    if not path.exists():
+        pytest.skip(f"{path} not present")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -2,21 +2,14 @@
 import pytest
 
 torch = pytest.importorskip("torch")
-gguf = pytest.importorskip("gguf")
+pytest.importorskip("gguf")
 
 from profiler.generate import generate  # noqa: E402
-from profiler.gguf_loader import ModelLoadError, load_gguf, smollm2_path  # noqa: E402
+from profiler.gguf_loader import ModelLoadError, load_gguf  # noqa: E402
 from profiler.model import Llama, LlamaConfig, causal_mask  # noqa: E402
-from profiler.tokenizer import tokenizer_from_gguf  # noqa: E402
 
 TINY = LlamaConfig(name="tiny", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=64, vocab=50,
                    tied_embeddings=False, max_context=128, rope_theta=10000.0)
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    loaded = load_gguf(smollm2_path())
-    return loaded.model, tokenizer_from_gguf(gguf.GGUFReader(loaded.path))
 
 
 def tiny_model(seed=0):

@@ -1,33 +1,25 @@
 """Greedy speculative decoding on SmolLM2-135M reproduces autoregressive greedy output exactly."""
 import itertools
-import json
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
-gguf = pytest.importorskip("gguf")
+pytest.importorskip("gguf")
 
-from profiler.gguf_loader import load_gguf, smollm2_path  # noqa: E402
 from profiler.shadow import dequantize_groupwise, quantize_groupwise  # noqa: E402
 from profiler.drafters import NgramDrafter, SelfDrafter, ShadowDrafter  # noqa: E402
+from conftest import spec_bench_rows  # noqa: E402
 from profiler.speculative import speculative_generate  # noqa: E402
-from profiler.tokenizer import tokenizer_from_gguf  # noqa: E402
 
-QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench_questions.jsonl"
 NEW_TOKENS = 16
 
 
 @pytest.fixture(scope="module")
-def setup():
-    if not QUESTIONS.exists():
-        pytest.skip(f"{QUESTIONS} not present")
-    loaded = load_gguf(smollm2_path())
-    tok = tokenizer_from_gguf(gguf.GGUFReader(loaded.path))
-    rows = [json.loads(line) for line in QUESTIONS.read_text().splitlines()[:20]]
-    prompts = [tok.encode_chat(row["turns"][0]) for row in rows]
-    ar = speculative_generate(loaded.model, prompts, NEW_TOKENS, None, eos_id=tok.eos_id)
-    return loaded.model, tok, prompts, ar
+def setup(smollm2):
+    model, tok = smollm2
+    prompts = [tok.encode_chat(row["turns"][0]) for row in spec_bench_rows()[:20]]
+    ar = speculative_generate(model, prompts, NEW_TOKENS, None, eos_id=tok.eos_id)
+    return model, tok, prompts, ar
 
 
 @pytest.mark.parametrize("make", [NgramDrafter, lambda: SelfDrafter(exit_layer=12),

@@ -1,40 +1,32 @@
 """Trees, a separate draft model, SpecPV partial verification and batch compaction on SmolLM2-135M:
 every lossless configuration reproduces autoregressive greedy output exactly."""
 import copy
-import json
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
-gguf = pytest.importorskip("gguf")
+pytest.importorskip("gguf")
 
 from profiler.drafters import DraftModelDrafter, NgramDrafter, SelfDrafter, ShadowDrafter  # noqa: E402
-from profiler.gguf_loader import load_gguf, smollm2_path  # noqa: E402
 from profiler.partial import PartialSpec  # noqa: E402
+from conftest import spec_bench_rows  # noqa: E402
 from profiler.speculative import speculative_generate  # noqa: E402
-from profiler.tokenizer import tokenizer_from_gguf  # noqa: E402
 from profiler.tree import TreeShape  # noqa: E402
 
-QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench_questions.jsonl"
 NEW_TOKENS = 16
 # Small enough that SpecPV engages at Spec-Bench prompt lengths (about 40-200 tokens).
 SMALL_PV = dict(budget=16, sink=16, window=16, period=4)
 
 
 @pytest.fixture(scope="module")
-def setup():
-    if not QUESTIONS.exists():
-        pytest.skip(f"{QUESTIONS} not present")
-    loaded = load_gguf(smollm2_path())
-    tok = tokenizer_from_gguf(gguf.GGUFReader(loaded.path))
+def setup(smollm2):
+    model, tok = smollm2
     # 20 prompts from across Spec-Bench (every 11th question, up to 160 tokens: 9 categories;
     # the long summarization and RAG prompts would make this test minutes longer).
-    rows = [json.loads(line) for line in QUESTIONS.read_text().splitlines()][::11]
-    prompts = [p for p in (tok.encode_chat(row["turns"][0]) for row in rows) if len(p) <= 160][:20]
+    prompts = [p for p in (tok.encode_chat(row["turns"][0]) for row in spec_bench_rows()[::11]) if len(p) <= 160][:20]
     assert len(prompts) == 20
-    ar = speculative_generate(loaded.model, prompts, NEW_TOKENS, None, eos_id=tok.eos_id)
-    return loaded.model, tok, prompts, ar
+    ar = speculative_generate(model, prompts, NEW_TOKENS, None, eos_id=tok.eos_id)
+    return model, tok, prompts, ar
 
 
 def small_draft(model, layers):

@@ -150,11 +150,11 @@ class SelfDrafter(ModelDrafter):
 class ShadowDrafter(ModelDrafter):
     """SubSpec: the target's own layers quantized (profiler.shadow), sharing its KV cache."""
 
-    def __init__(self, target: Llama, bits: int = 4, group_size: int = 64):
+    def __init__(self, target: Llama, bits: int = 4, group_size: int = 64, use_kernels: bool | None = None):
         from profiler.shadow import shadow_model
 
         self.name = f"shadow-int{bits}"
-        self.shadow = shadow_model(target, bits, group_size)
+        self.shadow = shadow_model(target, bits, group_size, use_kernels)
 
     def prepare(self, model, prompts, max_seq):
         from profiler.shadow import share_caches

@@ -197,9 +197,10 @@ def make_drafter(args, model, dtype):
     if args.method == "ngram":
         return NgramDrafter()
     if args.method == "shadow":
-        if model.config.hidden % args.group_size or model.config.ffn % args.group_size:
-            raise ScenarioError("--group-size", f"{args.group_size} does not divide the model's widths "
-                                                f"({model.config.hidden}, {model.config.ffn})")
+        c = model.config
+        widths = (c.hidden, c.ffn, c.heads * c.head_dim)       # the input widths of the quantized linears
+        if any(w % args.group_size for w in widths):
+            raise ScenarioError("--group-size", f"{args.group_size} does not divide the model's widths {widths}")
         return ShadowDrafter(model, args.bits, args.group_size)
     if args.method == "layerskip":
         return SelfDrafter(exit_layer=args.exit_layer)

@@ -1,54 +1,55 @@
 """SubSpec's shadow draft: the target's own decoder layers, weight-only quantized (int8, or int4 in
 groups of 64), sharing the target's embeddings, norms, LM head and KV cache.
 
-`quantize_groupwise` is asymmetric round-to-nearest per group of `group_size` input columns
-(scale and zero in fp32), the scheme HQQ and GPTQ-style int4 kernels store. On the CPU the shadow
-runs with its weights dequantized once ("fake quantization"): its outputs, hence its acceptance,
-are exactly those of the quantized model, while its speed is not that of a real int4 kernel (the
-Triton kernels issue brings those).
+The weights are packed by `kernels.quantize` (asymmetric round-to-nearest per group of
+`group_size` input columns, scale and zero in fp32, the scheme HQQ and GPTQ-style int4 kernels
+store). On CUDA each quantized linear runs `kernels.quant_matmul`, which reads the packed codes:
+the draft crosses memory at 4 or 8 bits a weight. On the CPU it runs with the weights dequantized
+once ("fake quantization"): its outputs, hence its acceptance, are the quantized model's, its
+speed is not a real int4 kernel's.
 """
 from __future__ import annotations
 
 import copy
 
-import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
+import kernels
+from kernels.reference import dequantize
 from profiler.model import Llama
 
 
-def quantize_groupwise(weight: Tensor, bits: int, group_size: int) -> tuple[Tensor, Tensor, Tensor]:
-    """weight [out, in] -> (codes uint8 [out, in], scale [out, in/group], zero [out, in/group])."""
-    out_features, in_features = weight.shape
-    if in_features % group_size:
-        raise ValueError(f"input width {in_features} is not a multiple of group_size {group_size}")
-    levels = 2 ** bits - 1
-    groups = weight.float().reshape(out_features, in_features // group_size, group_size)
-    low, high = groups.amin(-1), groups.amax(-1)
-    scale = ((high - low) / levels).clamp_min(1e-12)
-    zero = low
-    codes = torch.round((groups - zero[..., None]) / scale[..., None]).clamp(0, levels).to(torch.uint8)
-    return codes.reshape(out_features, in_features), scale, zero
+class QuantLinear(nn.Module):
+    """A bias-free linear layer with weight-only quantized weights."""
+
+    def __init__(self, linear: nn.Linear, bits: int, group_size: int, use_kernel: bool):
+        super().__init__()
+        self.packed = kernels.quantize(linear.weight.data.float(), bits, group_size)
+        self.use_kernel = use_kernel
+        # The CPU path keeps the dequantized weight; the kernel path only the packed codes.
+        self.dense = None if use_kernel else dequantize(self.packed).to(linear.weight.dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.use_kernel:
+            return kernels.quant_matmul(x, self.packed)
+        return F.linear(x, self.dense)
 
 
-def dequantize_groupwise(codes: Tensor, scale: Tensor, zero: Tensor) -> Tensor:
-    out_features, in_features = codes.shape
-    groups = codes.float().reshape(out_features, scale.shape[1], -1)
-    return (groups * scale[..., None] + zero[..., None]).reshape(out_features, in_features)
-
-
-def shadow_model(target: Llama, bits: int = 4, group_size: int = 64) -> Llama:
-    """A copy of `target` whose decoder-layer linears carry quantized-then-dequantized weights;
-    embeddings, norms and LM head are the target's own modules, and so are the KV caches once
-    `share_caches` is called after `target.setup_cache`."""
+def shadow_model(target: Llama, bits: int = 4, group_size: int = 64, use_kernels: bool | None = None) -> Llama:
+    """A copy of `target` whose decoder-layer linears are QuantLinear; embeddings, norms and LM
+    head are the target's own modules, and so are the KV caches once `share_caches` is called
+    after `target.setup_cache`. use_kernels: kernels.quant_matmul (default: on CUDA)."""
+    if use_kernels is None:
+        use_kernels = target.lm_head.weight.is_cuda
     shadow = copy.deepcopy(target)
     shadow.embed, shadow.norm, shadow.lm_head = target.embed, target.norm, target.lm_head
     for mine, theirs in zip(shadow.layers, target.layers):
         mine.attention_norm, mine.ffn_norm = theirs.attention_norm, theirs.ffn_norm
-        for linear in (mine.attention.wqkv, mine.attention.wo, mine.feed_forward.w_gate_up,
-                       mine.feed_forward.w_down):
-            codes, scale, zero = quantize_groupwise(linear.weight.data, bits, group_size)
-            linear.weight.data = dequantize_groupwise(codes, scale, zero).to(linear.weight.dtype)
+        mine.attention.wqkv = QuantLinear(theirs.attention.wqkv, bits, group_size, use_kernels)
+        mine.attention.wo = QuantLinear(theirs.attention.wo, bits, group_size, use_kernels)
+        mine.feed_forward.w_gate_up = QuantLinear(theirs.feed_forward.w_gate_up, bits, group_size, use_kernels)
+        mine.feed_forward.w_down = QuantLinear(theirs.feed_forward.w_down, bits, group_size, use_kernels)
     return shadow
 
 

@@ -48,3 +48,17 @@ def test_kernel_attention_path_gives_the_torch_paths_tokens(kwargs):
     assert [s.accepted for s in kernel_path.steps] == [s.accepted for s in torch_path.steps]
     if "partial" in kwargs:
         assert {s.mode for s in kernel_path.steps} >= {"partial", "full"}
+
+
+def test_the_shadow_draft_on_the_int4_kernel_drafts_what_its_dequantized_weights_draft():
+    from profiler.drafters import ShadowDrafter
+
+    model = small_model()
+    dense = speculative_generate(model, PROMPTS, 12, ShadowDrafter(model, bits=4, group_size=16, use_kernels=False),
+                                 k=3, use_kernels=False)
+    packed = ShadowDrafter(model, bits=4, group_size=16, use_kernels=True)
+    assert packed.shadow.layers[0].attention.wqkv.dense is None          # only the packed codes are kept
+    kernel = speculative_generate(model, PROMPTS, 12, packed, k=3, use_kernels=False)
+    assert kernel.outputs == dense.outputs
+    agree = sum(a.accepted == b.accepted for a, b in zip(kernel.steps, dense.steps))
+    assert agree >= 0.9 * len(dense.steps)       # fp32 sums in another order may flip a rare near-tie

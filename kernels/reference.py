@@ -76,14 +76,22 @@ def block_summaries(k_cache: Tensor, kv_lens: Tensor, block: int = 16) -> tuple[
     return blocks.amax(dim=3) * keep, blocks.amin(dim=3) * keep
 
 
-def block_scores(q: Tensor, k_max: Tensor, k_min: Tensor, reduce: str = "mean") -> Tensor:
-    """Quest's bound sum_d max(q_d kmax_d, q_d kmin_d) per block, reduced ("mean" or "max") over
-    the queries and the query heads of each GQA group: [B, Hkv, n_blocks] in fp32."""
+def quest_bound(q: Tensor, k_max: Tensor, k_min: Tensor) -> Tensor:
+    """Quest's upper bound on q.k over each block, sum_d max(q_d kmax_d, q_d kmin_d), for every
+    query row: q [B, Hq, Q, D] -> [B, Hkv, group * Q, n_blocks] (row = head_in_group * Q + token),
+    in fp32 (float64 stays float64)."""
     B, Hq, Q, D = q.shape
     Hkv = k_max.shape[1]
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     rows = q.to(compute).reshape(B, Hkv, (Hq // Hkv) * Q, D)
-    bound = rows.clamp_min(0) @ k_max.to(compute).transpose(-1, -2) + rows.clamp_max(0) @ k_min.to(compute).transpose(-1, -2)
+    # Per channel: q_d * kmax_d where q_d > 0, q_d * kmin_d where q_d < 0.
+    return rows.clamp_min(0) @ k_max.to(compute).transpose(-1, -2) + rows.clamp_max(0) @ k_min.to(compute).transpose(-1, -2)
+
+
+def block_scores(q: Tensor, k_max: Tensor, k_min: Tensor, reduce: str = "mean") -> Tensor:
+    """Quest's bound per block, reduced ("mean" or "max") over the queries and the query heads of
+    each GQA group: [B, Hkv, n_blocks]."""
+    bound = quest_bound(q, k_max, k_min)
     return bound.mean(dim=2) if reduce == "mean" else bound.amax(dim=2)
 
 

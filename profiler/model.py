@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from profiler.partial import PartialStep, attend_partial, select_kv_index, summarize_blocks
+from kernels.reference import block_summaries
+from profiler.partial import PartialStep, attend_partial, select_kv_index
 from sim.presets.models import ModelSpec
 
 
@@ -152,7 +153,8 @@ class Attention(nn.Module):
             self.block_max = self.k_cache.new_zeros(B, H, S // block, D)
             self.block_min = self.k_cache.new_zeros(B, H, S // block, D)
         below = int(lengths.max()) // block * block
-        k_max, k_min = summarize_blocks(self.k_cache[:, :, :below][rows], lengths, block)
+        # Blocks at or past a row's own refresh point come back zero; selection never reaches them.
+        k_max, k_min = block_summaries(self.k_cache[:, :, :below][rows], lengths, block)
         n_blocks = k_max.shape[2]
         self.block_max[rows, :, :n_blocks] = k_max
         self.block_min[rows, :, :n_blocks] = k_min

@@ -20,10 +20,12 @@ is what makes it cheaper, and what the simulator's cost model charges.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from kernels.reference import quest_bound
 
 
 @dataclass(frozen=True)
@@ -55,17 +57,6 @@ class PartialStep:
     end: Tensor             # [M] one past the row's last query slot
     query_valid: Tensor     # [M, T] bool: real query tokens (not padding)
     selection_s: float = 0.0
-    selected_tokens: list[int] = field(default_factory=list)   # per layer: KV tokens read per head (max)
-
-
-def summarize_blocks(k_cache: Tensor, lengths: Tensor, block: int) -> tuple[Tensor, Tensor]:
-    """k_cache [B, H_kv, S, D]; lengths [B]: refresh points. Returns (k_max, k_min)
-    [B, H_kv, n_blocks, D] over the complete blocks below max(lengths) (rows use theirs only:
-    `select_kv_index` never picks a block that reaches a row's recent range)."""
-    B, H, S, D = k_cache.shape
-    n_blocks = int(lengths.max()) // block
-    blocks = k_cache[:, :, :n_blocks * block].reshape(B, H, n_blocks, block, D)
-    return blocks.amax(dim=3), blocks.amin(dim=3)
 
 
 def select_kv_index(q: Tensor, k_max: Tensor, k_min: Tensor, step: PartialStep) -> tuple[Tensor, Tensor]:
@@ -76,11 +67,8 @@ def select_kv_index(q: Tensor, k_max: Tensor, k_min: Tensor, step: PartialStep) 
     spec = step.spec
     M, H, T, D = q.shape
     kv_heads, n_blocks = k_max.shape[1], k_max.shape[2]
-    rows = q.float().reshape(M, kv_heads, (H // kv_heads) * T, D)
-    # Quest's bound per channel: q_d * kmax_d where q_d > 0, q_d * kmin_d where q_d < 0.
-    bound = (rows.clamp_min(0) @ k_max.float().transpose(-1, -2)
-             + rows.clamp_max(0) @ k_min.float().transpose(-1, -2))          # [M, H_kv, group*T, n_blocks]
-    votes = step.query_valid[:, None, None, :].expand(M, 1, H // kv_heads, T).reshape(M, 1, -1, 1).float()
+    bound = quest_bound(q, k_max, k_min)                                     # [M, H_kv, group*T, n_blocks]
+    votes = step.query_valid[:, None, None, :].expand(M, 1, H // kv_heads, T).reshape(M, 1, -1, 1).to(bound.dtype)
     scores = (bound * votes).sum(dim=2) / votes.sum(dim=2)                   # [M, H_kv, n_blocks]
     first = -(-spec.sink // spec.block)                                      # first block past the sink
     block_ids = torch.arange(n_blocks, device=q.device)
@@ -110,7 +98,6 @@ def attend_partial(q: Tensor, k_cache: Tensor, v_cache: Tensor, mask: Tensor, st
     t0 = time.perf_counter()
     index, valid = select_kv_index(q, k_max, k_min, step)
     step.selection_s += time.perf_counter() - t0
-    step.selected_tokens.append(int(valid.sum(-1).max()))
     M, kv_heads, N = index.shape
     rows = step.rows[:, None, None]
     heads = torch.arange(kv_heads, device=q.device)[None, :, None]

@@ -160,7 +160,7 @@ def speculative_generate(model: Llama, prompts: list[list[int]], max_new_tokens:
         chains = _verify_chains(verify_logits, nodes, sampler, node_probs) if shape is None or shape.width == 1 else None
         node_lists = nodes.tolist() if nodes is not None else None
         for b, r in enumerate(alive):
-            rolled_back = _rectify(r, logits[b], layout) if modes[b] == "full" and partial.rectify else 0
+            rolled_back = _rectify(r, logits[b]) if modes[b] == "full" and partial.rectify else 0
             if rolled_back:
                 new, path, flags = [], [], [False] * nodes_per_step
                 r.final_check = False
@@ -231,7 +231,6 @@ class StepLayout:
     query_tokens: list[int]
     kv_tokens: list[int]
     refed: list[int]
-    refresh: list[int | None]
     partial: PartialStep | None
     kernel: KernelLayout | None       # on CUDA: the step as kernels.attention takes it
 
@@ -299,7 +298,7 @@ def _lay_out_step(alive: list[RequestState], modes: list[str], nodes: Tensor | N
     tokens, positions, slots, mask, logits_at = (t.to(device) for t in (tokens, positions, slots, mask, logits_at))
     return StepLayout(tokens, positions, slots, mask, logits_at,
                       [o - f for o, f in zip((len(f) for f in refeed), first_logit)], lengths, kv_tokens,
-                      [len(f) for f in refeed], [r.refresh for r in alive], step, kernel)
+                      [len(f) for f in refeed], step, kernel)
 
 
 def _verify_chains(rows: Tensor, nodes: Tensor | None, sampler: Sampler | None,
@@ -330,7 +329,7 @@ def _verify_tree(rows: Tensor, nodes: list[int], shape: TreeShape, sampler: Samp
     return path, [True] * n + [False] * (shape.depth - n), following
 
 
-def _rectify(r: RequestState, logits: Tensor, layout: StepLayout) -> int:
+def _rectify(r: RequestState, logits: Tensor) -> int:
     """SpecPV rectify at a full verification: the re-fed tokens' full-attention choices against
     what was committed after the refresh. Rolls the history back to the first disagreement and
     commits the target's token there; returns how many committed tokens were discarded."""

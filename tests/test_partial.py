@@ -6,7 +6,8 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from profiler.model import attend_small_query  # noqa: E402
-from profiler.partial import PartialSpec, PartialStep, attend_partial, select_kv_index, summarize_blocks  # noqa: E402
+from kernels.reference import block_summaries  # noqa: E402
+from profiler.partial import PartialSpec, PartialStep, attend_partial, select_kv_index  # noqa: E402
 
 
 def random_case(seed, B=2, kv_heads=3, group=3, T=4, D=16, S=400):
@@ -47,7 +48,7 @@ def test_selection_is_sink_plus_quest_top_blocks_plus_recent(seed):
     window_start = refresh - spec.window
     end = refresh + torch.tensor([20, 7])
     step = PartialStep(spec, torch.arange(2), window_start, end, torch.ones(2, q.shape[2], dtype=torch.bool))
-    k_max, k_min = summarize_blocks(k, refresh, spec.block)
+    k_max, k_min = block_summaries(k, refresh, spec.block)
     index, valid = select_kv_index(q, k_max, k_min, step)
     expected = brute_force_blocks(q, k, spec, refresh, window_start)
     for b in range(2):
@@ -68,7 +69,7 @@ def test_partial_attention_equals_dense_attention_restricted_to_the_selection():
     refresh = torch.tensor([330, 280])
     end = refresh + 4                                                  # the 4 query tokens sit at refresh..+3
     step = PartialStep(spec, torch.arange(2), refresh - spec.window, end, torch.ones(2, 4, dtype=torch.bool))
-    k_max, k_min = summarize_blocks(k, refresh, spec.block)
+    k_max, k_min = block_summaries(k, refresh, spec.block)
     positions = refresh[:, None] + torch.arange(4)
     S = int(end.max())
     causal = (torch.arange(S)[None, None, :] <= positions[:, :, None])[:, None]        # [B, 1, T, S]
@@ -90,7 +91,7 @@ def test_the_quest_score_bounds_every_key_of_its_block(seed, block):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(1, 1, 1, 8, generator=g, dtype=torch.float64)
     k = torch.randn(1, 1, 8 * block, 8, generator=g, dtype=torch.float64)
-    k_max, k_min = summarize_blocks(k, torch.tensor([8 * block]), block)
+    k_max, k_min = block_summaries(k, torch.tensor([8 * block]), block)
     bound = torch.maximum(q[0, 0, 0] * k_max[0, 0], q[0, 0, 0] * k_min[0, 0]).sum(-1)            # [blocks]
     actual = (k[0, 0] @ q[0, 0, 0]).reshape(8, block).max(-1).values
     assert bool((bound >= actual - 1e-12).all())

@@ -70,7 +70,7 @@ def main() -> None:
         dmemory = plan_memory(dconfig, dstacks, decode_requests.max_tokens + 4, 64)
         for name, cfg, reqs, stk, mem in (("main", config, requests, stacks, memory),
                                           ("decode_only", dconfig, decode_requests, dstacks, dmemory)):
-            iterations_run = len(run_engine(cfg, reqs, stk, mem).step_s)
+            iterations_run = len(run_engine(cfg, reqs, stk, mem)[0].step_s)
             best_s = min(_timed(lambda: run_engine(cfg, reqs, stk, mem)) for _ in range(args.repeats))
             us_per_iteration[f"{name}_{label}"] = best_s / iterations_run * 1e6
 

@@ -1,4 +1,4 @@
-"""python -m profiler live ...: see profiler/live.py and docs/live.md."""
+"""python -m profiler live | calibrate | inspect: see docs/live.md and docs/architecture.md."""
 import argparse
 import sys
 
@@ -9,14 +9,24 @@ from sim.errors import ScenarioError
 def main(argv=None) -> int:
     parser = OneLineParser(prog="python -m profiler", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    from profiler.calibrate import add_calibrate_arguments, calibrate_command
+    from profiler.inspect_bundle import add_inspect_arguments, inspect_command
     from profiler.live import add_live_arguments, live_command
 
     live = commands.add_parser("live", help="real speculative decoding on a real model, every step recorded",
                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_live_arguments(live)
+    live.set_defaults(run=live_command)
+    calibrate = commands.add_parser("calibrate", help="time the engine's operators on this device; write a bundle",
+                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_calibrate_arguments(calibrate)
+    calibrate.set_defaults(run=calibrate_command)
+    inspect = commands.add_parser("inspect", help="achieved bandwidth and FLOP rate of a bundle's operators")
+    add_inspect_arguments(inspect)
+    inspect.set_defaults(run=inspect_command)
     args = parser.parse_args(argv)
     try:
-        return live_command(args)
+        return args.run(args)
     except ScenarioError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -24,8 +24,8 @@ def prefill_logits(model: Llama, prompts: list[list[int]]) -> Tensor:
     for b, prompt in enumerate(prompts):
         tokens[b, :len(prompt)] = torch.tensor(prompt)
         positions[b, :len(prompt)] = torch.arange(len(prompt))
-    slots = torch.arange(trash + 1)
-    mask = causal_mask(positions, trash + 1) & (slots < trash)
+    # Attention reads the first T slots only: padding tokens write to the trash slot past them.
+    mask = causal_mask(positions, T)
     device = model.lm_head.weight.device
     return model(tokens.to(device), positions.to(device), mask=mask.to(device), logits_at=(lengths - 1).to(device))[:, -1]
 

@@ -412,5 +412,5 @@ def run_meta(args, loaded) -> dict:
             "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch."),
             "model": loaded.source, "model_hash": loaded.sha256_prefix, "random_weights": loaded.random_weights,
             "config": loaded.config.__dict__,
-            "arguments": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "func"},
+            "arguments": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k not in ("func", "run")},
             "git_revision": git_revision(), "seed": args.seed}

@@ -245,15 +245,8 @@ class Llama(nn.Module):
         partial: SpecPV rows attending a partial KV cache (profiler.partial).
         kernel: the same step for kernels.attention, which replaces the torch attention on CUDA.
         """
-        if mask is None:
-            mask = causal_mask(positions, int(positions.max()) + 1)
-        if slots is None:
-            slots = positions
-        c = self.config
-        B, T = tokens.shape
-        rotation = self.rope[positions][:, :, None]   # [B, T, 1, D/2]
-        cache_index = slots[:, None, :, None].expand(B, c.kv_heads, T, c.head_dim)
-        x = self.embed(tokens)
+        x, cache_index, rotation, mask = self.embed_inputs(tokens, positions, mask, slots)
+        B = tokens.shape[0]
         for layer in self.layers[:exit_layer]:
             x = layer(x, cache_index, rotation, mask, partial, kernel)
         if logits_at is not None:
@@ -262,6 +255,21 @@ class Llama(nn.Module):
         else:
             x = x[:, logits_from:]
         return self.lm_head(self.norm(x)).float()
+
+    def embed_inputs(self, tokens: Tensor, positions: Tensor, mask: Tensor | None = None,
+                     slots: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """What every layer of a forward shares: the embedded tokens [B, T, hidden], the cache
+        index of the new K/V [B, H_kv, T, D], the rotations [B, T, 1, D/2], and the mask (default
+        causal by position over max(positions) + 1 slots)."""
+        if mask is None:
+            mask = causal_mask(positions, int(positions.max()) + 1)
+        if slots is None:
+            slots = positions
+        c = self.config
+        B, T = tokens.shape
+        rotation = self.rope[positions][:, :, None]
+        cache_index = slots[:, None, :, None].expand(B, c.kv_heads, T, c.head_dim)
+        return self.embed(tokens), cache_index, rotation, mask
 
     def move_kv(self, rows: Tensor, source: Tensor, target: Tensor) -> None:
         """Copy each layer's K/V at slots `source` to slots `target` (rows, source, target: [M]);

@@ -98,10 +98,16 @@ def attend_partial(q: Tensor, k_cache: Tensor, v_cache: Tensor, mask: Tensor, st
     t0 = time.perf_counter()
     index, valid = select_kv_index(q, k_max, k_min, step)
     step.selection_s += time.perf_counter() - t0
+    return attend_selected(q, k_cache, v_cache, mask, step.rows, index, valid, attend)
+
+
+def attend_selected(q: Tensor, k_cache: Tensor, v_cache: Tensor, mask: Tensor, rows: Tensor, index: Tensor,
+                    valid: Tensor, attend) -> Tensor:
+    """Gather the selected keys and values (index, valid [M, H_kv, N]) of cache rows `rows` [M]
+    and attend them: the partial rows' attention once their blocks are chosen."""
     M, kv_heads, N = index.shape
-    rows = step.rows[:, None, None]
     heads = torch.arange(kv_heads, device=q.device)[None, :, None]
-    keys, values = k_cache[rows, heads, index], v_cache[rows, heads, index]          # [M, H_kv, N, D]
+    keys, values = k_cache[rows[:, None, None], heads, index], v_cache[rows[:, None, None], heads, index]
     T, S = mask.shape[2], mask.shape[3]
     seen = mask.expand(M, kv_heads, T, S).gather(3, index.clamp_max(S - 1)[:, :, None, :].expand(M, kv_heads, T, N))
     return attend(q, keys, values, seen & valid[:, :, None, :])

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # One prepared run on a GPU machine: the kernel tests for real (bf16 included), the live engine's
 # kernel path against its torch path, kernel timings, and a short live AR / ngram / shadow
-# comparison in bf16. Results go to $OUT (default gpu-check-out/).
+# comparison in bf16, and a quick calibration bundle. Results go to $OUT (default gpu-check-out/).
 #
 # Made for a machine with torch and triton preinstalled and no network (this workplace's H200
 # image): packages it lacks travel as wheels in gpu-wheels/, which scripts/fetch-gpu-wheels.sh
 # fills on a machine with network. SmolLM2's GGUF (93 MB) is over what travels, so the live
 # comparison runs random weights of SmolLM2's shape (timing only) with its tokenizer, exported
-# into gpu-wheels/ too. Budget: about 8 minutes.
+# into gpu-wheels/ too. Budget: about 11 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-check-out}
@@ -40,3 +40,7 @@ for method in none ngram shadow; do
     > /dev/null 2> "$OUT/live-$method.err" && cp "/tmp/gpu-live-$method/summary.json" "$OUT/live-$method.json" \
     && echo "wrote $OUT/live-$method.json" || tail -3 "$OUT/live-$method.err"
 done
+
+echo "== calibration bundle (quick grid; the full one takes up to 10 minutes on an H200)"
+timeout 200 python3 -m profiler calibrate --device cuda --quick --out "$OUT/calibration/smollm2-135m" \
+  > "$OUT/calibrate.log" 2>&1 && tail -4 "$OUT/calibrate.log" || tail -5 "$OUT/calibrate.log"

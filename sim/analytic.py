@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from sim.cost.batch import DECODE, DRAFT, VERIFY, PHASES, Group, uniform_group
 from sim.cost.memory import draft_offloaded_layers, plan_memory
-from sim.cost.roofline import RooflineCostModel
+from sim.cost.calibrated import cost_model_for
 from sim.cost.stack import build_stacks
 from sim.scenario import Scenario, load_scenario
 
@@ -66,7 +66,7 @@ def steady_state(scenario: Scenario | dict | str, context_tokens: int, tokens_pe
     tokens = context_tokens + spec.verify_tokens
     memory = plan_memory(scenario, stacks, tokens, 1)
     base_memory = plan_memory(scenario.with_method_none(), base_stacks, tokens, 1)
-    cost = RooflineCostModel(scenario, link_gb_s=scenario.offload.link_gb_s)
+    cost = cost_model_for(scenario)
 
     target = cost.step_overhead(1, shares) + cost.forward(
         base_stacks.target, [uniform_group(DECODE, 1, 1, context_tokens)], shares,
@@ -77,7 +77,7 @@ def steady_state(scenario: Scenario | dict | str, context_tokens: int, tokens_pe
         stacks.target, [uniform_group(VERIFY, 1, V, context_tokens + V - 1)], shares,
         offloaded_layers=memory.offloaded_layers)
     if stacks.draft is None:
-        draft = cost.host_draft(1, shares)
+        draft = cost.host_draft(1, shares, context_tokens)
     elif spec.method == "medusa":
         draft = cost.forward(stacks.draft, [uniform_group(DRAFT, 1, 1, context_tokens)], shares)
     else:

@@ -1,8 +1,11 @@
 """python -m sim run SCENARIO [--set FIELD=VALUE ...] [--vary FIELD=V1,V2,...] [--json] [--out FILE]
+python -m sim validate RUN_DIR... [--calibration DIR] [--out FILE]
 
-Simulates a scenario with its speculation and without (the baseline), on the same requests and seed.
---set overrides one field (dotted path, YAML value); --vary runs the scenario once per value and
-prints one row each.
+run: simulates a scenario with its speculation and without (the baseline), on the same requests and
+seed. --set overrides one field (dotted path, YAML value); --vary runs the scenario once per value
+and prints one row each.
+validate: predicts each `profiler live` run (docs/validation.md) and prints measured, predicted and
+the error.
 """
 from __future__ import annotations
 
@@ -39,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run once per value of one field and print a row per run")
     run.add_argument("--json", action="store_true", help="print JSON instead of a summary")
     run.add_argument("--out", type=Path, help="also write the JSON to this file")
+    validate = commands.add_parser("validate", help="predict profiler live runs and report the error")
+    validate.add_argument("runs", type=Path, nargs="+", metavar="RUN_DIR", help="folders written by profiler live")
+    validate.add_argument("--calibration", type=Path, help="calibration bundle (default: the roofline model)")
+    validate.add_argument("--out", type=Path, help="also write the table as CSV to this file")
     return parser
 
 
@@ -47,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             return run_command(args)
+        if args.command == "validate":
+            return validate_command(args)
     except ScenarioError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -64,6 +73,8 @@ def run_command(args) -> int:
         result = simulate(mapping)
         payload = result.to_dict()
         text = format_summary(result)
+        for warning in result.provenance.get("warnings", []):
+            print(f"warning: {warning}", file=sys.stderr)
     else:
         field, values = split_assignment(args.vary, "--vary")
         values = [parse_value(v) for v in values.split(",")]
@@ -83,6 +94,33 @@ def run_command(args) -> int:
         except OSError as exc:
             raise ScenarioError("--out", f"cannot write {args.out}: {exc.strerror or exc}") from None
     print(json.dumps(payload) if args.json else text)
+    return 0
+
+
+def validate_command(args) -> int:
+    from dataclasses import asdict
+
+    from sim.validate import compare_run, format_comparisons
+
+    if args.calibration is not None:
+        from sim.cost.bundle import load_bundle
+
+        load_bundle(args.calibration)
+    rows = [compare_run(run, args.calibration) for run in args.runs]
+    if args.out is not None:
+        import csv
+        import io
+
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=[*asdict(rows[0]), "error"])
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**asdict(row), "error": row.error})
+        try:
+            write_atomic(args.out, buffer.getvalue())
+        except OSError as exc:
+            raise ScenarioError("--out", f"cannot write {args.out}: {exc.strerror or exc}") from None
+    print(format_comparisons(rows))
     return 0
 
 
@@ -137,7 +175,8 @@ def format_summary(result) -> str:
     spec = s.speculation
     method = spec.method if spec.enabled else "none"
     lines = [
-        f"{s.model_spec.name} on {s.hardware_spec.name} ({s.dtype}, TP{s.tensor_parallel}, {s.engine_spec.name}), "
+        f"{s.model_spec.name} on {s.hardware_spec.name} ({s.dtype}, TP{s.tensor_parallel}, "
+        f"{s.engine_spec.name if s.calibration is None else 'calibrated: ' + str(s.calibration)}), "
         f"method {method}, {len(run.ttft_s)} requests, seed {s.seed}",
         f"  throughput      {run.throughput_tok_s:10.1f} tok/s   baseline {base.throughput_tok_s:10.1f}   "
         f"speedup {result.speedup:.3f}x",

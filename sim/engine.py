@@ -24,7 +24,6 @@ import simpy
 from sim.acceptance import AcceptanceModel, disagreement_probability
 from sim.cost.batch import DECODE, DRAFT, FULL, PARTIAL, PHASES, PREFILL, VERIFY, Group, uniform_group
 from sim.cost.memory import MemoryPlan, draft_offloaded_layers
-from sim.cost.roofline import RooflineCostModel
 from sim.cost.stack import Stacks
 from sim.scenario import Scenario
 from sim.workload import Requests
@@ -81,7 +80,7 @@ class _DecodeSlots:
 
 
 class EngineSimulation:
-    def __init__(self, scenario: Scenario, requests: Requests, cost: RooflineCostModel, stacks: Stacks,
+    def __init__(self, scenario: Scenario, requests: Requests, cost, stacks: Stacks,
                  memory: MemoryPlan, acceptance: AcceptanceModel | None, rng: np.random.Generator):
         self.scenario = scenario
         self.requests = requests
@@ -237,7 +236,7 @@ class EngineSimulation:
         """The drafter's work for n decoding requests before their verification."""
         cost, draft = self.cost, self.stacks.draft
         if draft is None:                   # n-gram prompt lookup on the host
-            return cost.host_draft(n, shares)
+            return cost.host_draft(n, shares, ctx_sum / n)
         if self.method == "medusa":         # all heads in one forward on the last hidden state
             return cost.forward_uniform(draft, DRAFT, n, 1, ctx_sum, shares)
         if self.track_last:

@@ -386,6 +386,7 @@ def resolve_relative_paths(mapping: dict, base: Path) -> dict:
 
     mapping = dict(mapping)
     fix(mapping, "model", only_paths=True)
+    fix(mapping, "calibration")
     for section, keys in (("workload", ("trace",)), ("speculation", ())):
         if isinstance(mapping.get(section), dict):
             mapping[section] = dict(mapping[section])
@@ -460,8 +461,9 @@ def _check_semantics(scenario: Scenario) -> None:
         raise ScenarioError("speculation.draft.exit_layer",
                             f"{spec.draft.exit_layer} must be below {model.name}'s {model.layers} layers")
     if scenario.calibration is not None:
-        raise ScenarioError("calibration", "calibrated cost models are not available in this version "
-                                           "(set null for the roofline model)")
+        from sim.cost.bundle import check_bundle, load_bundle
+
+        check_bundle(load_bundle(scenario.calibration), scenario)     # unreadable, other model or dtype: fail now
     pv = spec.partial_verify
     if pv is not None and pv.budget % pv.block:
         raise ScenarioError("speculation.partial_verify.budget",

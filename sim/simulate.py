@@ -11,9 +11,9 @@ import numpy as np
 
 from sim.acceptance import build_acceptance
 from sim.cost.memory import GB, plan_memory
-from sim.cost.roofline import RooflineCostModel
+from sim.cost.calibrated import cost_model_for
 from sim.cost.stack import build_stacks
-from sim.engine import EngineSimulation, RunRecord
+from sim.engine import EngineSimulation
 from sim.result import Result, summarize
 from sim.scenario import Scenario, load_scenario
 from sim.workload import Requests, build_requests
@@ -40,9 +40,10 @@ def simulate(scenario: Scenario | dict | str | Path) -> Result:
         memory = plan_memory(config, stacks, max_request_tokens, concurrency)
         planned.append((name, config, stacks, memory))
 
-    runs, memories = {}, {}
+    runs, memories, warnings = {}, {}, []
     for name, config, stacks, memory in planned:
-        record = run_engine(config, requests, stacks, memory)
+        record, cost = run_engine(config, requests, stacks, memory)
+        warnings += [w for w in getattr(cost, "warnings", []) if w not in warnings]
         runs[name] = (record, summarize(record, scenario))
         memories[name] = (memory, record)
 
@@ -72,27 +73,38 @@ def simulate(scenario: Scenario | dict | str | Path) -> Result:
         }
     speculative = runs["speculative"][1] if "speculative" in runs else None
     return Result(scenario, speculative, runs["baseline"][1], memory_info, partial_info,
-                  provenance(scenario))
+                  provenance(scenario, warnings))
 
 
-def run_engine(config: Scenario, requests: Requests, stacks, memory) -> RunRecord:
-    """One SimPy run of one configuration; acceptance and engine draws seeded by the scenario."""
-    cost = RooflineCostModel(config, link_gb_s=config.offload.link_gb_s)
+def run_engine(config: Scenario, requests: Requests, stacks, memory):
+    """One SimPy run of one configuration, and the cost model that priced it; acceptance and
+    engine draws seeded by the scenario."""
+    cost = cost_model_for(config)
     acceptance = None
     if config.speculation.enabled:
         acceptance = build_acceptance(config, len(requests), np.random.default_rng([config.seed, 2]))
     engine = EngineSimulation(config, requests, cost, stacks, memory, acceptance,
                               np.random.default_rng([config.seed, 3]))
-    return engine.run()
+    return engine.run(), cost
 
 
-def provenance(scenario: Scenario) -> dict:
+def provenance(scenario: Scenario, warnings: list[str] | None = None) -> dict:
+    bundle = None
+    if scenario.calibration is not None:
+        from sim.cost.bundle import load_bundle
+
+        meta = load_bundle(scenario.calibration).meta
+        bundle = {"path": str(scenario.calibration), "device": meta["device"].get("name"),
+                  "git_revision": meta.get("git_revision"), "date": meta.get("date"),
+                  "held_out_median_error": (meta.get("held_out") or {}).get("median_abs_error")}
     return {
         "device": scenario.hardware_spec.name,
         "model": scenario.model_spec.name,
         "dtype": scenario.dtype,
         "engine": scenario.engine_spec.name,
         "cost_model": "roofline" if scenario.calibration is None else f"calibrated:{scenario.calibration}",
+        "calibration": bundle,
+        "warnings": warnings or [],
         "seed": scenario.seed,
         "git_revision": git_revision(),
         "versions": versions(),

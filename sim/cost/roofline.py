@@ -183,13 +183,23 @@ class RooflineCostModel:
         if tokens == 0:
             return 0.0
         shared, lm_head = self.batch_terms_s(c, tokens, logits)
+        attention_of = c.attention_time_s if stack.attention and c.layers else None
+        return self.compose(groups, tokens, logits, shared, lm_head, attention_of, c, shares,
+                            offloaded_layers, kv_offloaded, repeat)
+
+    def compose(self, groups: Sequence[Group], tokens: int, logits: int, shared: float, lm_head: float,
+                attention_of, c, shares: list[float], offloaded_layers: int, kv_offloaded: bool,
+                repeat: int) -> float:
+        """A forward's seconds from its terms: `shared` (split among the groups by query tokens),
+        `lm_head` (by logits tokens), one layer's attention per group (`attention_of(group)`, or
+        None for a stack without attention) times c.layers, and the host-link transfer of the
+        offloaded layers and KV; each group's part goes to its phase in `shares`."""
         total = shared + lm_head
-        attends = stack.attention and c.layers
         kv_link_bytes = 0.0
         for g in groups:
             own = shared * g.tokens / tokens + (lm_head * g.logits_tokens / logits if logits else 0.0)
-            if attends:
-                attention = c.layers * c.attention_time_s(g)
+            if attention_of is not None:
+                attention = c.layers * attention_of(g)
                 own += attention
                 total += attention
                 if kv_offloaded and g.phase != PARTIAL:
@@ -298,8 +308,9 @@ class RooflineCostModel:
         shares[SELECTION] += seconds
         return seconds
 
-    def host_draft(self, requests: int, shares: list[float]) -> float:
-        """Prompt-lookup drafting on the host, one lookup per request."""
+    def host_draft(self, requests: int, shares: list[float], context_tokens: float | None = None) -> float:
+        """Prompt-lookup drafting on the host, one lookup per request (the engine preset's time,
+        whatever the context)."""
         seconds = requests * self.engine.ngram_lookup_s
         shares[DRAFT] += seconds
         return seconds

@@ -1,0 +1,73 @@
+"""Autoregressive decoding throughput predicted with a calibration bundle, against live runs.
+
+    python benchmarks/validate_ar_calibrated.py --text ../shared/data/pride_and_prejudice.txt
+
+Runs `profiler live --method none` (SmolLM2, fp32) at batch 1 and 8, on long-context prompts cut
+from a text (every prompt exactly --context tokens, so a batch has no padding) and on the packaged
+chat prompts (ragged lengths), then `python -m sim validate` on the runs with the bundle, and prints
+measured and predicted throughput and the error. Each live setting runs --repeats times; the
+table keeps each run, and the summary line the median error per batch size.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def live(out: Path, batch: int, requests: int, max_new: int, context: int | None, text: Path | None) -> None:
+    argv = [sys.executable, "-m", "profiler", "live", "--method", "none", "--batch", str(batch),
+            "--limit", str(requests), "--max-new-tokens", str(max_new), "--out", str(out)]
+    if context is not None:
+        argv += ["--context", str(context), "--text", str(text)]
+    subprocess.run(argv, check=True, capture_output=True, cwd=ROOT)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bundle", type=Path, default=ROOT / "calibration" / "cpu" / "smollm2-135m")
+    parser.add_argument("--text", type=Path, help="a long text for the fixed-length prompts (skipped without)")
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--out", type=Path, help="keep the live runs here (default: a temporary folder)")
+    args = parser.parse_args()
+
+    settings = [(1, 2, None), (8, 8, None)]
+    if args.text is not None:
+        settings = [(1, 2, args.context), (8, 8, args.context)] + settings
+    with tempfile.TemporaryDirectory() as scratch:
+        root = args.out or Path(scratch)
+        root.mkdir(parents=True, exist_ok=True)
+        runs = []
+        for repeat in range(args.repeats):
+            for batch, requests, context in settings:
+                name = f"{'context' + str(context) if context else 'chat'}-b{batch}-r{repeat}"
+                run = root / name
+                if not run.exists():
+                    live(run, batch, requests, args.max_new_tokens, context, args.text)
+                runs.append((batch, run))
+        out = subprocess.run([sys.executable, "-m", "sim", "validate", *(str(r) for _, r in runs),
+                              "--calibration", str(args.bundle), "--out", str(root / "validation.csv")],
+                             capture_output=True, text=True, cwd=ROOT)
+        if out.returncode:
+            print(out.stderr, file=sys.stderr)
+            return out.returncode
+        print(out.stdout)
+        import csv
+
+        rows = list(csv.DictReader((root / "validation.csv").open()))
+        for batch in sorted({b for b, _ in runs}):
+            errors = [abs(float(r["error"])) for r in rows if int(r["batch"]) == batch]
+            print(f"batch {batch}: median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%} "
+                  f"over {len(errors)} runs")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

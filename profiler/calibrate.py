@@ -1,0 +1,578 @@
+"""`python -m profiler calibrate`: time every operator of the live engine on this device and write a
+calibration bundle (DIR/profile.parquet + DIR/meta.json) for the simulator's calibrated cost model.
+
+1. Operators (profiler/operators.py), each cycling through enough copies of its weights and KV to
+   miss the CPU's caches as a real forward does, on a grid geometric in tokens and KV and dense at
+   small batch, plus off-grid points held out of the tables. Each point is timed in several rounds
+   (each round a median of many calls), the points of a round in a fresh seeded random order, and
+   the best round kept: a shared machine slows down for seconds at a time (on the CI VM by up to
+   2x), interleaving spreads those spells over the grid, and the best round is the one they
+   missed, so every point is measured at the same undisturbed speed.
+2. Whole forwards against the composed operators: the factor measured / composed against the
+   forward's query tokens and KV tokens (decode batches 1-16 and verification at KV 256, 1024 and
+   4096; prompts), which the cost model multiplies every forward by. Whole forwards are the median of interleaved repeats: the
+   operators' best rounds give each term's shape, whole forwards give the level the engine meets
+   on this machine in its usual state.
+   The engine's host time per step: `speculative_generate` decoding at batch 1 to 16, its wall time
+   minus its forwards (timed by hooks on the model) and its acceptance, fitted as fixed + per request.
+3. Held-out error: each held-out point against the tables' interpolation, and whole forwards at
+   off-grid shapes against the composed prediction; median, P90 and worst go in meta.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from sim.errors import ScenarioError
+
+# Axes per operator. Full: geometric steps of at most 2 (1.5 at small token counts, where the
+# matmul library switches kernels); quick: about every other point.
+TOKENS = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096]
+TOKENS_QUICK = [1, 2, 4, 6, 8, 16, 32, 64, 128, 256, 512, 1024, 4096]
+DRAFT_TOKENS = [1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 64]
+BATCH = [1, 2, 4, 8, 16]
+QUERY = [1, 2, 3, 4, 5, 6, 8, 12, 16, 32, 64]
+KV = [32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
+PREFILL_QUERY = [128, 256, 512, 1024, 2048, 4096]
+PREFILL_KV = [128, 256, 512, 1024, 2048, 4096, 8192]
+CONTEXT = [256, 512, 1024, 2048, 4096, 8192]
+BUDGET = [256, 512, 1024, 2048, 4096]
+ACCEPT_TOKENS = [1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32]
+BYTES = [1 << 16, 1 << 20, 1 << 24, 1 << 26, 1 << 28]
+
+
+def every_other(axis: list[int]) -> list[int]:
+    """Quick grids: every other point, always keeping both ends."""
+    kept = axis[::2]
+    return kept if kept[-1] == axis[-1] else kept + [axis[-1]]
+
+
+def grid_for(config, quick: bool, cuda: bool) -> dict[str, dict[str, list[int]]]:
+    """op -> {dim: axis}, clipped to the model's context."""
+    q = every_other if quick else (lambda a: a)
+    ctx = lambda axis: [x for x in axis if x <= config.max_context] or axis[:1]
+    tokens = TOKENS_QUICK if quick else TOKENS
+    grid = {f"linear.{n}": {"tokens": tokens} for n in ("qkv", "o", "gate_up", "down")}
+    grid.update({f"int{b}.{n}": {"tokens": q(DRAFT_TOKENS)} for b in (8, 4) for n in ("qkv", "o", "gate_up", "down")})
+    grid["elementwise"] = {"tokens": tokens}
+    grid["lm_head"] = {"tokens": [t for t in tokens if t <= 512]}
+    grid["attention"] = {"batch": q(BATCH), "query": q(QUERY), "kv": ctx(q(KV))}
+    grid["attention_partial"] = {"batch": [1, 4, 16], "query": q([1, 2, 5, 9, 17]), "kv": q([256, 512, 1024, 2048, 4096])}
+    grid["attention_prefill"] = {"query": ctx(q(PREFILL_QUERY)), "kv": ctx(q(PREFILL_KV))}
+    grid["forward_base"] = {"batch": [1, 4, 16], "query": [1, 8, 64, 512], "kv": ctx([128, 1024, 8192])}
+    grid["summaries"] = {"batch": [1, 4, 16], "context": ctx(q(CONTEXT))}
+    grid["selection"] = {"batch": [1, 4, 16], "context": ctx(q(CONTEXT)), "budget": q(BUDGET)}
+    grid["ngram"] = {"context": ctx(q(CONTEXT))}
+    grid["accept"] = {"batch": q([1, 2, 3, 4, 6, 8, 12, 16, 32, 64]), "tokens": q(ACCEPT_TOKENS)}
+    if cuda:
+        grid["h2d_pinned"] = {"bytes": BYTES}
+        grid["h2d_pageable"] = {"bytes": BYTES}
+    return grid
+
+
+def held_out_points(grid: dict, rng, per_op: int) -> dict[str, list[dict]]:
+    """Off-grid points inside each operator's grid: log-uniform in every dim, rounded to integers
+    that are not grid values (dims with fewer than two values keep theirs)."""
+    out = {}
+    for op, axes in grid.items():
+        points = []
+        for _ in range(per_op * 20):
+            point = {}
+            for dim, axis in axes.items():
+                if len(axis) < 2:
+                    point[dim] = axis[0]
+                    continue
+                for _ in range(20):
+                    value = int(round(math.exp(rng.uniform(math.log(axis[0]), math.log(axis[-1])))))
+                    if value not in axis:
+                        break
+                point[dim] = value
+            if op in ("attention_prefill",) and point["kv"] < point["query"]:
+                continue
+            if all(point[d] not in axes[d] for d in axes if len(axes[d]) > 1) and point not in points:
+                points.append(point)
+            if len(points) == per_op:
+                break
+        out[op] = points
+    return out
+
+
+def grid_points(axes: dict[str, list[int]]):
+    """Every point of a regular grid, as {dim: value}."""
+    import itertools
+
+    dims = list(axes)
+    for values in itertools.product(*(axes[d] for d in dims)):
+        yield dict(zip(dims, values))
+
+
+def prefill_cell(op: str, point: dict) -> dict:
+    """attention_prefill's grid cells with kv < query stand for kv = query (a prompt attends at
+    least to itself); the table never reads them below the diagonal."""
+    if op == "attention_prefill" and point["kv"] < point["query"]:
+        return {**point, "kv": point["query"]}
+    return point
+
+
+def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="where to time (auto: cuda when available)")
+    parser.add_argument("--model", default="smollm2",
+                        help="smollm2, a model preset, or a Llama-family config.json (random weights: only shapes matter)")
+    parser.add_argument("--dtype", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
+                        help="auto: fp32 on the CPU, bf16 on CUDA")
+    parser.add_argument("--quick", action="store_true", help="a coarser grid and one round (at most 3 minutes here)")
+    parser.add_argument("--out", type=Path, help="bundle folder (default calibration/<cpu|gpu name>/<model>)")
+    parser.add_argument("--rounds", type=int, help="timing rounds per point (default 3, quick 1)")
+    parser.add_argument("--operators", help="comma-separated subset of operators (default all)")
+    parser.add_argument("--refit", type=Path, metavar="BUNDLE",
+                        help="keep BUNDLE's operator times and redo only the engine fits (after an engine change)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default torch's)")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def resolve_config(name: str):
+    """(LlamaConfig, model name) for --model."""
+    from dataclasses import fields
+
+    from profiler.loaders import hf_llama_config
+    from profiler.model import LlamaConfig
+    from sim.presets.models import MODELS
+
+    key = "smollm2-135m" if name == "smollm2" else name
+    if key in MODELS:
+        spec = MODELS[key]
+        return LlamaConfig(**{f.name: getattr(spec, f.name) for f in fields(spec)}), key
+    path = Path(name)
+    if path.suffix == ".json" and path.is_file():
+        try:
+            config = hf_llama_config(path)
+        except (ScenarioError, ValueError, KeyError, OSError) as exc:
+            raise ScenarioError("--model", f"cannot read {path}: {exc}") from None
+        return config, str(path)
+    raise ScenarioError("--model", f"{name!r} is not smollm2, a model preset or a config.json file")
+
+
+def hardware_name(device_name: str, cuda: bool) -> str:
+    """The simulator's hardware preset a device corresponds to (a bundle from another one warns)."""
+    if not cuda:
+        return "cpu"
+    name = device_name.lower()
+    for needle, preset in (("h200", "h200"), ("h100 pcie", "h100-pcie"), ("h100", "h100-sxm"),
+                           ("a100-sxm4-40", "a100-40g"), ("a100", "a100-80g"), ("l40", "l40"), ("4090", "rtx-4090"),
+                           ("3090", "rtx-3090"), ("4070", "rtx-4070"), ("4060 ti", "rtx-4060-ti-8g"),
+                           ("2080 ti", "rtx-2080-ti")):
+        if needle in name:
+            return preset
+    return "custom"
+
+
+def calibrate_command(args) -> int:
+    import numpy as np
+    import torch
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ScenarioError("--threads", f"{args.threads} must be at least 1")
+        torch.set_num_threads(args.threads)
+    if args.rounds is not None and args.rounds < 1:
+        raise ScenarioError("--rounds", f"{args.rounds} must be at least 1")
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if cuda and not torch.cuda.is_available():
+        raise ScenarioError("--device", "cuda is not available here (torch " + torch.__version__ + ")")
+    device = "cuda" if cuda else "cpu"
+    dtype_name = args.dtype if args.dtype != "auto" else ("bf16" if cuda else "fp32")
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
+    config, model_name = resolve_config(args.model)
+    device_name = torch.cuda.get_device_name() if cuda else _cpu_model()
+    model_label = Path(model_name).parent.name if model_name.endswith("config.json") else model_name
+    out = args.out or Path("calibration") / ("cpu" if not cuda else hardware_name(device_name, True)) / model_label
+    grid = grid_for(config, args.quick, cuda)
+    if args.operators:
+        wanted = [o.strip() for o in args.operators.split(",") if o.strip()]
+        unknown = [o for o in wanted if o not in grid]
+        if unknown:
+            raise ScenarioError("--operators", f"unknown operator {unknown[0]!r} (choose from {', '.join(grid)})")
+        grid = {op: grid[op] for op in wanted}
+    rounds = args.rounds or (1 if args.quick else 3)
+    started = time.perf_counter()
+    if args.refit is not None:
+        frame, meta = reuse_operators(args.refit, config, dtype_name, device_name)
+        grid = {op: spec["axes"] for op, spec in meta["grid"].items()}
+        out = args.out or args.refit
+    else:
+        rng = np.random.default_rng(args.seed)
+        held = held_out_points(grid, rng, per_op=3 if args.quick else 6)
+        frame = measure_operators(config, dtype, device, grid, held, rounds, args.seed, quick=args.quick)
+        meta = bundle_meta(args, config, model_name, dtype_name, device, device_name, grid, rounds)
+    fits, forward_checks = {}, []
+    needed = [op for op in (*(f"linear.{n}" for n in ("qkv", "o", "gate_up", "down")), "elementwise",
+                            "attention", "attention_prefill", "lm_head") if op not in grid]
+    if needed:
+        print(f"note: no engine fits without {', '.join(needed)} (an --operators subset)")
+    else:
+        with tempfile.TemporaryDirectory() as provisional:
+            write_bundle(Path(provisional), frame, meta)
+            fits, forward_checks = fit_engine_overheads(config, dtype, device, model_name, dtype_name,
+                                                        meta["device"]["hardware"], Path(provisional), args.seed,
+                                                        quick=args.quick)
+    meta["fits"] = fits
+    meta["held_out"] = held_out_error(frame, grid, forward_checks)
+    if args.refit is not None:
+        from sim.simulate import git_revision
+
+        meta["refit"] = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                         "git_revision": git_revision(), "duration_s": round(time.perf_counter() - started, 1)}
+    else:
+        meta["duration_s"] = round(time.perf_counter() - started, 1)
+    write_bundle(out, frame, meta)
+    print(format_calibration_summary(out, meta))
+    return 0
+
+
+def reuse_operators(bundle_dir: Path, config, dtype_name: str, device_name: str):
+    """The operator rows and meta of an existing bundle of the same model, dtype and device."""
+    import pandas as pd
+
+    from sim.cost.bundle import SCHEMA_VERSION, model_hash
+
+    try:     # the old fits may be of another form: read the operator rows only
+        meta = json.loads((bundle_dir / "meta.json").read_text())
+        frame = pd.read_parquet(bundle_dir / "profile.parquet")
+    except (OSError, ValueError) as exc:
+        raise ScenarioError("--refit", f"cannot read {bundle_dir} ({exc.__class__.__name__})") from None
+    if meta.get("schema_version") != SCHEMA_VERSION:
+        raise ScenarioError("--refit", f"{bundle_dir} has schema version {meta.get('schema_version')!r}")
+    meta = {k: v for k, v in meta.items() if k not in ("fits", "held_out", "refit")}
+    if meta["model"].get("hash") != model_hash(config) or meta["dtype"] != dtype_name or \
+            meta["device"].get("name") != device_name:
+        raise ScenarioError("--refit", f"{bundle_dir} holds {meta['model'].get('name')} {meta['dtype']} on "
+                                       f"{meta['device'].get('name')}, not {dtype_name} on {device_name}")
+    return frame, meta
+
+
+def measure_operators(config, dtype, device, grid, held, rounds, seed, quick):
+    """Time every grid and held-out point `rounds` times in shuffled order; one row per point."""
+    import numpy as np
+    import pandas as pd
+    import torch
+    from tqdm import tqdm
+
+    from profiler.operators import OPERATORS, Bench, random_pool
+    from profiler.timing import time_call
+    from sim.cost.bundle import DIMS
+
+    items = []
+    for op, axes in grid.items():
+        items += [(op, prefill_cell(op, p), False) for p in grid_points(axes)]
+        items += [(op, p, True) for p in held.get(op, [])]
+    # Duplicates (prefill cells below the diagonal) are timed once.
+    unique = list(dict.fromkeys((op, tuple(sorted(p.items())), h) for op, p, h in items))
+    element_bytes = torch.finfo(dtype).bits // 8
+    min_run_time_s = 0.02 if quick else 0.03
+    times: dict[tuple, list] = {key: [] for key in unique}
+    rng = np.random.default_rng(seed)
+    # Enough shared random values for the copies of any operator to overflow the caches 4 times.
+    pool = random_pool(max(4 * last_level_cache_bytes() // element_bytes, 1 << 22), dtype, device, seed) \
+        if device == "cpu" else None
+    with torch.inference_mode(), tqdm(total=len(unique) * rounds, desc="calibrate", unit="point") as bar:
+        for r in range(rounds):
+            order = rng.permutation(len(unique))
+            for i in order:
+                op, point, _ = key = unique[i]
+                bench = Bench(config, dtype, device, torch.Generator().manual_seed(seed * 100003 + int(i)), pool,
+                              int(rng.integers(pool.numel())) if pool is not None else 0)
+                fn = build_cold(OPERATORS[op], bench, dict(point), element_bytes)
+                times[key].append(time_call(fn, device, min_run_time_s))
+                del fn, bench
+                bar.update()
+    rows = []
+    for (op, point, held_out), timings in times.items():
+        p = dict(point)
+        medians = sorted(t.median_s for t in timings)
+        best = medians[0]
+        spread = (medians[-1] - best) / best if len(medians) > 1 else timings[0].spread
+        flops, moved = OPERATORS[op].work(config, element_bytes, p)
+        rows.append({**{d: int(p.get(d, 0)) for d in DIMS}, "op": op, "seconds": best, "spread": spread,
+                     "runs": sum(t.runs for t in timings), "held_out": held_out, "flops": flops,
+                     "bytes_moved": moved})
+    # Cells below attention_prefill's diagonal read the diagonal's time.
+    frame = pd.DataFrame(rows)
+    for op, axes in grid.items():
+        if op != "attention_prefill":
+            continue
+        for p in grid_points(axes):
+            if p["kv"] < p["query"]:
+                source = frame[(frame.op == op) & (frame["query"] == p["query"]) & (frame.kv == p["query"]) & ~frame.held_out]
+                row = source.iloc[0].to_dict()
+                row["kv"] = p["kv"]
+                frame = pd.concat([frame, pd.DataFrame([row])], ignore_index=True)
+    return frame.sort_values(["op", "held_out", *DIMS]).reset_index(drop=True)
+
+
+# Host-side operators whose inputs a real step has just produced (warm in cache).
+# forward_base gathers a few rows of an embedding too large to copy.
+WARM_OPERATORS = {"elementwise", "ngram", "accept", "forward_base"}
+
+
+def last_level_cache_bytes() -> int:
+    """The CPU's largest cache (Linux sysfs), default 32 MiB."""
+    sizes = []
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = path.read_text().strip().upper()
+            sizes.append(int(text[:-1]) * {"K": 1 << 10, "M": 1 << 20}[text[-1]] if text[-1] in "KM" else int(text))
+        except (OSError, ValueError, KeyError):
+            continue
+    return max(sizes, default=32 << 20)
+
+
+def build_cold(operator, bench, point: dict, element_bytes: int):
+    """The operator's callable, cycling on the CPU through enough copies of its weights and KV to
+    overflow the last-level cache twice: in a real forward each layer's weights and KV come from
+    memory, and timing one copy in a loop would time the cache instead. (CUDA: do_bench flushes L2.)"""
+    import itertools
+
+    if bench.device == "cuda" or operator.name in WARM_OPERATORS:
+        return operator.build(bench, point)
+    working_set = max(operator.work(bench.config, element_bytes, point)[1], 1.0)
+    copies = int(min(64, max(1, math.ceil(2 * last_level_cache_bytes() / working_set))))
+    calls = itertools.cycle([operator.build(bench, point) for _ in range(copies)])
+    return lambda: next(calls)()
+
+
+def bundle_meta(args, config, model_name, dtype_name, device, device_name, grid, rounds) -> dict:
+    import torch
+
+    from sim.cost.bundle import MODEL_FIELDS, SCHEMA_VERSION, model_hash
+    from sim.simulate import git_revision
+
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    memory_gb = (torch.cuda.get_device_properties(0).total_memory / 1e9 if device == "cuda"
+                 else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "engine": "profiler.live",
+        "device": {"kind": device, "name": device_name, "memory_gb": round(memory_gb, 1),
+                   "hardware": hardware_name(device_name, device == "cuda")},
+        "cpu": {"model": _cpu_model(), "threads": torch.get_num_threads(), "cores": os.cpu_count()},
+        "versions": {"torch": torch.__version__, "triton": triton_version,
+                     "cuda": torch.version.cuda if device == "cuda" else None, "python": platform.python_version()},
+        "dtype": dtype_name,
+        "model": {"name": model_name, "hash": model_hash(config), **{f: getattr(config, f) for f in MODEL_FIELDS}},
+        "grid": {op: {"dims": list(axes), "axes": axes} for op, axes in grid.items()},
+        "rounds": rounds, "quick": bool(args.quick), "seed": args.seed,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "git_revision": git_revision(),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def write_bundle(out: Path, frame, meta: dict) -> None:
+    """Write DIR/profile.parquet and DIR/meta.json into a fresh folder, then put it in place; an
+    existing bundle is replaced only once the new one is complete."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        frame.to_parquet(tmp / "profile.parquet", index=False)
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)
+        if out.exists():
+            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old."))
+            os.rename(out, old / out.name)
+            os.rename(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _scenario(model_name: str, dtype_name: str, bundle: Path, hardware: str):
+    """A scenario of this model on this device, reading the bundle (for its composed forwards)."""
+    from sim.scenario import load_scenario
+
+    return load_scenario({"model": model_name, "dtype": dtype_name, "hardware": hardware, "calibration": str(bundle),
+                          "engine": "gpt-fast"})
+
+
+def fit_engine_overheads(config, dtype, device, model_name, dtype_name, hardware, bundle: Path, seed: int,
+                         quick: bool):
+    """The live engine's host time per decoding step, fitted as fixed + per request, and whole
+    forwards at off-grid shapes against the provisional bundle's composed prediction."""
+    import numpy as np
+    import torch
+
+    from profiler.loaders import random_model
+    from profiler.speculative import speculative_generate
+    from profiler.timing import time_call
+    from sim.cost.batch import DECODE, PHASES, PREFILL, VERIFY, Group
+    from sim.cost.bundle import load_bundle
+    from sim.cost.calibrated import CalibratedCostModel
+    from sim.cost.table import OperatorTable
+
+    cost = CalibratedCostModel(_scenario(model_name, dtype_name, bundle, hardware), load_bundle(bundle))
+    target = _target_stack(cost)
+    model = random_model(config, dtype, device, seed).model
+    generator = torch.Generator().manual_seed(seed)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def predicted_forward(batch, query, kv):
+        if query > 64:      # a prompt: one request's chunk each, logits of its last token
+            group = Group(PREFILL, batch, batch * query, query, batch * kv, batch, [query] * batch, [kv] * batch)
+        else:
+            group = Group(DECODE if query == 1 else VERIFY, batch, batch * query, query, batch * kv, batch * query)
+        return cost.forward(target, [group], [0.0] * len(PHASES))
+
+    def measured_forward(batch, query, kv):
+        model.setup_cache(batch, kv + 1)
+        tokens = torch.randint(0, config.vocab, (batch, query), generator=generator).to(device)
+        positions = (kv - query + torch.arange(query)).expand(batch, query).to(device)
+        logits_at = torch.full((batch,), query - 1, device=device) if query > 64 else None
+        with torch.inference_mode():
+            return time_call(lambda: model(tokens, positions, logits_at=logits_at), device, 0.3).median_s
+
+    # Whole forwards run slower than their operators timed one by one (Python between operators,
+    # the matmul library's threads sleeping between them), by a factor that depends on the tokens:
+    # measure it on whole forwards (decode batches, then prompts), the median of interleaved
+    # repeats: the operators' best rounds give each term's shape, whole forwards as the engine
+    # meets them (the machine's usual state, not its best) give the level.
+    # In a forward, attention also runs slower than alone, more so the more KV it reads: the factor
+    # is a table over (query tokens, KV tokens), decode and verification at three KV lengths.
+    tokens_axis = [1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128, 256, 512, 1024]
+    kv_axis = [256, 1024, 4096]
+    checks = [(5, 1, 700), (10, 1, 300), (3, 4, 900), (8, 3, 200), (2, 1, 1500), (6, 8, 128), (1, 384, 384)]
+    if quick:
+        tokens_axis, kv_axis, checks = [1, 3, 6, 16, 64, 128], [256, 2048], checks[::2]
+    fits_context = lambda n: n < config.max_context
+    tokens_axis = [t for t in tokens_axis if t <= 64 or fits_context(t)]
+    kv_axis = [kv for kv in kv_axis if fits_context(kv)] or [config.max_context // 2]
+    checks = [c for c in checks if fits_context(c[2])]
+
+    def shape_of(tokens: int, kv: int) -> tuple[int, int, int]:
+        if tokens <= 16:
+            return tokens, 1, kv                 # decode batches
+        if tokens <= 64:
+            return 16, tokens // 16, kv          # verification of 16 requests
+        return 1, tokens, tokens                 # a prompt (reads itself whatever the KV column)
+
+    shapes = {shape_of(t, kv) for t in tokens_axis for kv in kv_axis}
+    measured: dict[tuple, list[float]] = {shape: [] for shape in sorted(shapes)}
+    for _ in range(1 if quick else 3):
+        for shape in measured:
+            measured[shape].append(measured_forward(*shape))
+    ratio = {shape: float(np.median(m)) / predicted_forward(*shape) for shape, m in measured.items()}
+    factor = [[ratio[shape_of(t, kv)] for kv in kv_axis] for t in tokens_axis]
+    cost.forward_factor = OperatorTable("forward_factor", ("tokens", "kv"),
+                                        [np.asarray(tokens_axis, dtype=float), np.asarray(kv_axis, dtype=float)],
+                                        np.asarray(factor), linear_above=False)
+    forward_checks = [{"batch": b, "query": q, "kv": kv,
+                       "measured_s": float(np.median([measured_forward(b, q, kv) for _ in range(1 if quick else 3)])),
+                       "predicted_s": predicted_forward(b, q, kv)} for b, q, kv in checks]
+
+    # Host time per step: a decoding run's wall time minus its forwards (timed by hooks on the
+    # model, synchronized) minus the acceptance the cost model adds on its own.
+    forward_s: list[float] = []
+    started: list[float] = []
+
+    def before(module, inputs):
+        sync()
+        started.append(time.perf_counter())
+
+    def after(module, inputs, output):
+        sync()
+        forward_s.append(time.perf_counter() - started.pop())
+
+    hooks = [model.register_forward_pre_hook(before), model.register_forward_hook(after)]
+    accept = cost.bundle.table("accept")
+    batches, host = ([1, 4, 16], []) if quick else ([1, 2, 4, 8, 16], [])
+    prompt_tokens, new_tokens = 128, 12 if quick else 24
+    try:
+        for batch in batches:
+            prompts = torch.randint(0, config.vocab, (batch, prompt_tokens), generator=generator).tolist()
+            per_step = []
+            for _ in range(1 if quick else 3):
+                forward_s.clear()
+                gen = speculative_generate(model, prompts, new_tokens, None)
+                steps = len({s.step for s in gen.steps})
+                per_step.append((gen.wall_s - gen.prefill_s - sum(forward_s[1:])) / steps)
+            host.append(float(np.median(per_step)) - (accept(batch, 1) if accept is not None else 0.0))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    slope, intercept = np.polyfit(batches, host, 1)
+    fits = {"forward_factor": {"tokens": tokens_axis, "kv": kv_axis, "factor": factor},
+            "step_overhead_s": max(0.0, float(intercept)), "request_overhead_s": max(0.0, float(slope)),
+            "step_host_s": dict(zip(map(str, batches), host))}
+    return fits, forward_checks
+
+
+def _target_stack(cost):
+    from sim.cost.stack import build_stacks
+
+    return build_stacks(cost.scenario).target
+
+
+def held_out_error(frame, grid, forward_checks) -> dict:
+    """|interpolated - measured| / measured at every held-out point, and of the composed forwards."""
+    import numpy as np
+
+    from sim.cost.bundle import _table
+
+    errors, per_op = [], {}
+    for op, axes in grid.items():
+        spec = {"dims": list(axes), "axes": axes}
+        table = _table(op, spec, frame[(frame.op == op) & ~frame.held_out])
+        rows = frame[(frame.op == op) & frame.held_out]
+        op_errors = [abs(table(*(row[d] for d in axes)) / row["seconds"] - 1) for _, row in rows.iterrows()]
+        if op_errors:
+            per_op[op] = round(float(np.median(op_errors)), 4)
+            errors += op_errors
+    forward = [abs(c["predicted_s"] / c["measured_s"] - 1) for c in forward_checks]
+    return {"points": len(errors), "median_abs_error": round(float(np.median(errors)), 4) if errors else None,
+            "p90_abs_error": round(float(np.percentile(errors, 90)), 4) if errors else None,
+            "max_abs_error": round(float(max(errors)), 4) if errors else None, "per_operator": per_op,
+            "forward_median_abs_error": round(float(np.median(forward)), 4) if forward else None,
+            "forward_checks": forward_checks}
+
+
+def format_calibration_summary(out: Path, meta: dict) -> str:
+    import numpy as np
+
+    held = meta["held_out"]
+    fits = meta["fits"]
+    percent = lambda value: "-" if value is None else f"{value:.1%}"
+    lines = [f"wrote {out}/profile.parquet and meta.json ({meta['duration_s']:.0f} s, {meta['device']['name']}, "
+             f"{meta['dtype']}, {meta['model']['name']})",
+             f"held-out error of the tables: median {percent(held['median_abs_error'])}, P90 "
+             f"{percent(held['p90_abs_error'])}, worst {percent(held['max_abs_error'])} over {held['points']} points"]
+    if fits:
+        lines += [f"whole forwards at off-grid shapes: median error {percent(held['forward_median_abs_error'])}",
+                  f"whole forward / composed operators: {np.min(fits['forward_factor']['factor']):.2f} to "
+                  f"{np.max(fits['forward_factor']['factor']):.2f}; step overhead {fits['step_overhead_s'] * 1e6:.0f} us "
+                  f"+ {fits['request_overhead_s'] * 1e6:.0f} us per request"]
+    return "\n".join(lines)

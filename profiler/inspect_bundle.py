@@ -1,0 +1,62 @@
+"""`python -m profiler inspect DIR`: what a calibration bundle measured, against the hardware spec.
+
+One row per operator: its grid, the time range, and the best achieved memory bandwidth and FLOP
+rate over its points (bytes and FLOPs it must move and compute, over the measured median), each
+also as a share of the datasheet figure of the simulator's hardware preset for that device.
+Then the held-out error and the fitted engine overheads.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_inspect_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("bundle", type=Path, help="a bundle folder written by python -m profiler calibrate")
+
+
+def inspect_command(args) -> int:
+    import pandas as pd
+
+    from sim.cost.bundle import load_bundle
+    from sim.presets.hardware import HARDWARE
+
+    bundle = load_bundle(args.bundle)
+    meta = bundle.meta
+    frame = pd.read_parquet(bundle.path / "profile.parquet")
+    hw = HARDWARE.get(meta["device"].get("hardware"))
+    peak_gb_s = hw.hbm_gb_s if hw else None
+    peak_tflops = hw.peak_tflops(meta["dtype"]) if hw else None
+    print(f"{bundle.path}: {meta['model']['name']} {meta['dtype']} on {meta['device']['name']} "
+          f"({meta['cpu']['threads']} threads), torch {meta['versions']['torch']}, {meta['date']}, "
+          f"git {meta['git_revision'][:12]}")
+    if hw:
+        print(f"datasheet ({hw.name}): {peak_gb_s:g} GB/s, {peak_tflops:g} TFLOP/s {meta['dtype']}")
+    header = f"{'operator':<18} {'points':>6} {'min':>10} {'max':>10} {'best GB/s':>10} {'of spec':>8} " \
+             f"{'best TFLOP/s':>12} {'of spec':>8} {'held-out':>8}"
+    print(header)
+    print("-" * len(header))
+    per_op = meta.get("held_out", {}).get("per_operator", {})
+    for op in meta["grid"]:
+        rows = frame[(frame.op == op) & ~frame.held_out]
+        gb_s = (rows.bytes_moved / rows.seconds).max() / 1e9
+        tflops = (rows.flops / rows.seconds).max() / 1e12
+        share = lambda value, peak: f"{value / peak:.0%}" if peak and value > 0 else "-"
+        err = per_op.get(op)
+        print(f"{op:<18} {len(rows):>6} {_time(rows.seconds.min()):>10} {_time(rows.seconds.max()):>10} "
+              f"{gb_s:>10.1f} {share(gb_s, peak_gb_s):>8} {tflops:>12.3f} {share(tflops, peak_tflops):>8} "
+              f"{f'{err:.1%}' if err is not None else '-':>8}")
+    held = meta.get("held_out", {})
+    if held.get("median_abs_error") is not None:
+        print(f"held-out error: median {held['median_abs_error']:.1%}, P90 {held['p90_abs_error']:.1%}, worst "
+              f"{held['max_abs_error']:.1%} over {held['points']} points; whole forwards: median "
+              f"{held['forward_median_abs_error']:.1%}")
+    fits = meta.get("fits", {})
+    if fits:
+        print(f"fitted engine host time per step: "
+              f"{fits['step_overhead_s'] * 1e6:.0f} us + {fits['request_overhead_s'] * 1e6:.0f} us per request")
+    return 0
+
+
+def _time(seconds: float) -> str:
+    return f"{seconds * 1e6:.0f} us" if seconds < 1e-3 else f"{seconds * 1e3:.1f} ms"

@@ -1,0 +1,140 @@
+"""A calibration bundle: DIR/profile.parquet (measured operator times) + DIR/meta.json (provenance).
+
+`python -m profiler calibrate` writes bundles; the simulator reads them here, checks them against
+the scenario, and turns each operator's grid into an OperatorTable. Every way a bundle can be
+unusable is a ScenarioError on `calibration` with one line saying what is wrong.
+
+profile.parquet, one row per measurement:
+  op         operator name (profiler/operators.py)
+  batch, query, kv, tokens, context, budget, bytes   the point (0 for dims the op does not have)
+  seconds    median time; spread: interquartile range / median; runs: timed calls
+  held_out   True for the off-grid points that measure the interpolation's error
+  flops, bytes_moved   the work at that point (profiler inspect's achieved rates)
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from sim.cost.table import OperatorTable
+from sim.errors import ScenarioError
+
+SCHEMA_VERSION = 1
+DIMS = ("batch", "query", "kv", "tokens", "context", "budget", "bytes")
+COLUMNS = (*DIMS, "op", "seconds", "spread", "runs", "held_out", "flops", "bytes_moved")
+MODEL_FIELDS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "tied_embeddings")
+
+
+def model_hash(model) -> str:
+    """A short hash of the dims that decide every operator's shape."""
+    dims = {f: getattr(model, f) for f in MODEL_FIELDS}
+    return hashlib.sha256(json.dumps(dims, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class Bundle:
+    path: Path
+    meta: dict
+    tables: dict[str, OperatorTable]
+    fits: dict = field(default_factory=dict)
+
+    def forward_factor(self) -> OperatorTable | None:
+        """Whole forwards measured / composed from operators, against query tokens and mean KV."""
+        fit = self.fits.get("forward_factor")
+        if not fit:
+            return None
+        return OperatorTable("forward_factor", ("tokens", "kv"),
+                             [np.asarray(fit["tokens"], dtype=float), np.asarray(fit["kv"], dtype=float)],
+                             np.asarray(fit["factor"], dtype=float), linear_above=False)
+
+    @property
+    def label(self) -> str:
+        m = self.meta
+        return f"{m['model']['name']} {m['dtype']} on {m['device']['name']}"
+
+    def table(self, name: str) -> OperatorTable | None:
+        return self.tables.get(name)
+
+
+def load_bundle(path: str | Path) -> Bundle:
+    """Read and validate a bundle; a missing or corrupted file or an unknown schema is a one-line
+    ScenarioError on `calibration`."""
+    folder = Path(path)
+    stamp = tuple((folder / name).stat().st_mtime_ns if (folder / name).exists() else 0
+                  for name in ("meta.json", "profile.parquet"))
+    return _load(folder.resolve(), stamp)
+
+
+@lru_cache(maxsize=8)
+def _load(folder: Path, stamp: tuple) -> Bundle:
+    import pandas as pd
+
+    if not folder.is_dir():
+        raise ScenarioError("calibration", f"no such bundle folder: {folder}")
+    for name in ("meta.json", "profile.parquet"):
+        if not (folder / name).is_file():
+            raise ScenarioError("calibration", f"{folder / name} is missing (run python -m profiler calibrate)")
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ScenarioError("calibration", f"{folder / 'meta.json'} is not valid JSON ({exc.__class__.__name__})") from None
+    if not isinstance(meta, dict) or meta.get("schema_version") != SCHEMA_VERSION:
+        version = meta.get("schema_version") if isinstance(meta, dict) else None
+        raise ScenarioError("calibration", f"{folder / 'meta.json'} has schema version {version!r}; this simulator "
+                                           f"reads version {SCHEMA_VERSION}")
+    try:
+        frame = pd.read_parquet(folder / "profile.parquet")
+    except Exception as exc:     # pyarrow raises several types for a damaged file
+        raise ScenarioError("calibration", f"{folder / 'profile.parquet'} cannot be read "
+                                           f"({exc.__class__.__name__})") from None
+    missing = [c for c in COLUMNS if c not in frame.columns]
+    if missing:
+        raise ScenarioError("calibration", f"{folder / 'profile.parquet'} lacks columns {', '.join(missing)}")
+    try:
+        tables = {name: _table(name, spec, frame[(frame.op == name) & ~frame.held_out])
+                  for name, spec in meta["grid"].items()}
+        for key in ("model", "dtype", "device"):
+            meta[key]
+        bundle = Bundle(folder, meta, tables, meta.get("fits", {}))
+        bundle.forward_factor()
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ScenarioError("calibration", f"{folder} is inconsistent: {exc.__class__.__name__} {exc}") from None
+    return bundle
+
+
+def _table(name: str, spec: dict, rows) -> OperatorTable:
+    """The operator's grid (meta.json) filled from its rows; every grid point must be measured."""
+    dims = tuple(spec["dims"])
+    axes = [np.asarray(spec["axes"][d], dtype=float) for d in dims]
+    values = np.full([len(a) for a in axes], np.nan)
+    position = [{v: i for i, v in enumerate(a)} for a in axes]
+    for point in rows[list(dims) + ["seconds"]].itertuples(index=False):
+        try:
+            index = tuple(position[i][float(point[i])] for i in range(len(dims)))
+        except KeyError:
+            continue
+        values[index] = point[-1]
+    if np.isnan(values).any():
+        raise ValueError(f"operator {name} misses {int(np.isnan(values).sum())} of its grid points")
+    return OperatorTable(name, dims, axes, values)
+
+
+def check_bundle(bundle: Bundle, scenario) -> list[str]:
+    """Errors for a bundle of another model or dtype than the scenario's; warnings (returned) for
+    one measured on another device than the scenario's hardware."""
+    meta = bundle.meta
+    model = scenario.model_spec
+    if meta["model"].get("hash") != model_hash(model) or meta["dtype"] != scenario.dtype:
+        raise ScenarioError("calibration", f"{bundle.path} was measured for {meta['model'].get('name')} "
+                                           f"{meta['dtype']}, the scenario runs {model.name} {scenario.dtype}")
+    warnings = []
+    hardware = meta["device"].get("hardware")
+    if hardware != scenario.hardware_spec.name:
+        warnings.append(f"calibration {bundle.path} was measured on {meta['device'].get('name')} "
+                        f"({hardware}), the scenario's hardware is {scenario.hardware_spec.name}")
+    return warnings

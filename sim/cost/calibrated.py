@@ -1,0 +1,238 @@
+"""The calibrated cost model: the roofline's composition with measured operator times.
+
+A forward is composed exactly as in sim/cost/roofline.py: per decoder layer the four linears and
+the elementwise work on the batch's query tokens plus each group's attention, then the LM head on
+the tokens that need logits, plus the forward's shared inputs (embedding, mask, rotations); a step
+adds the engine's host overhead. A whole forward runs slower than its operators timed one by one
+(Python between operators, threads of the matmul library sleeping between them, every layer's
+weights and KV streamed back to back), by a factor that depends on the forward's query tokens and
+the KV it reads, so the bundle also carries that factor, measured on whole forwards, and every
+forward is multiplied by it. Only the source of each term changes: an OperatorTable measured by `python -m profiler
+calibrate` (sim/cost/bundle.py) instead of FLOPs and bytes over datasheet rates, and fitted
+overheads of the live engine instead of an engine preset's.
+
+Attention of a group of requests reads the table at (requests, query tokens per request, mean KV
+tokens); queries longer than the table's (prompt chunks) are priced per request from the prefill
+table; SpecPV's partial groups read the partial-attention table (selected positions gathered). A stack the bundle did not measure (a draft model or head of other dimensions, EAGLE-3's
+fusion layer, a Medusa block) keeps the roofline price, and the result says so in its warnings.
+Tensor parallelism and weight offloading are out of a single-device bundle's reach: tensor_parallel
+must be 1, and transfers use the measured host-link rate when the bundle has one.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from sim.cost.batch import DRAFT, OVERHEAD, PARTIAL, SELECTION, Group
+from sim.cost.bundle import Bundle, check_bundle, load_bundle
+from sim.cost.roofline import RooflineCostModel
+from sim.cost.stack import Stack, quantized_weight_bytes
+from sim.errors import ScenarioError
+from sim.scenario import Scenario
+
+
+def cost_model_for(scenario: Scenario):
+    """The scenario's cost model: calibrated when it names a bundle, roofline otherwise."""
+    if scenario.calibration is None:
+        return RooflineCostModel(scenario, link_gb_s=scenario.offload.link_gb_s)
+    return CalibratedCostModel(scenario, load_bundle(scenario.calibration))
+
+
+class _Priced:
+    """One stack's measured terms: per-layer linears + elementwise, LM head, attention."""
+
+    def __init__(self, stack: Stack, roofline, bundle: Bundle, prefix: str, lm_head: bool):
+        self.stack = stack
+        self.roofline = roofline                 # the roofline's _StackCost: transfers, extra linears
+        self.layers = stack.layers
+        self.attends = stack.attention and stack.layers > 0
+        self.attn_bytes_per_kv = roofline.attn_bytes_per_kv
+        self.layer_weight_bytes = roofline.layer_weight_bytes
+        self.linears = [bundle.table(f"{prefix}.{name}") for name, _, _ in stack.linears] if stack.layers else []
+        self.elementwise = bundle.table("elementwise")
+        self.lm_head = bundle.table("lm_head") if lm_head else None
+        self.attention = bundle.table("attention")
+        self.prefill = bundle.table("attention_prefill")
+        self.partial = bundle.table("attention_partial")
+        self.query_max = float(self.attention.axes[1][-1])
+        self._batch: dict[tuple, tuple[float, float]] = {}
+
+    def batch_terms_s(self, tokens: float, logits: float) -> tuple[float, float]:
+        """(layers, LM head) seconds of one forward of `tokens` query tokens, memoized."""
+        key = (tokens, logits)
+        terms = self._batch.get(key)
+        if terms is None:
+            per_layer = sum(t(tokens) for t in self.linears) + self.elementwise(tokens) if self.layers else 0.0
+            shared = self.layers * per_layer
+            if self.stack.extra_linears:
+                shared += self.roofline.linear_time_s(self.roofline.extra_linears, tokens)
+            if not logits:
+                lm = 0.0
+            elif self.lm_head is not None:
+                lm = self.lm_head(logits * self.stack.lm_head_count)
+            else:
+                lm = self.roofline.linear_time_s([self.roofline.lm_head], logits)
+            terms = (shared, lm)
+            if len(self._batch) < 1 << 16:
+                self._batch[key] = terms
+        return terms
+
+    def attention_layer_s(self, group: Group) -> float:
+        """One layer's attention for a group."""
+        window = self.stack.kv_window
+        if isinstance(group.kv_tokens, (list, tuple)):      # prompt chunks: each request on its own
+            queries = group.query_tokens if group.query_tokens is not None else [group.query_max] * len(group.kv_tokens)
+            return sum(self.request_s(q, min(kv, window) if window else kv) for q, kv in zip(queries, group.kv_tokens))
+        n = max(group.requests, 1)
+        if group.kv_tokens is not None and window is not None:
+            kv_mean = float(np.minimum(group.kv_tokens, window).mean())
+        else:
+            kv_mean = group.kv_tokens_sum / n
+            if window is not None:
+                kv_mean = min(kv_mean, window)
+        q = group.tokens / n
+        if group.phase == PARTIAL and self.partial is not None:
+            return self.partial(n, q, kv_mean)
+        if q <= self.query_max:
+            return self.attention(n, q, max(kv_mean, q))
+        return n * self.prefill(q, max(kv_mean, q))
+
+    def request_s(self, query: float, kv: float) -> float:
+        if query <= self.query_max:
+            return self.attention(1, query, max(kv, query))
+        return self.prefill(query, max(kv, query))
+
+
+class CalibratedCostModel(RooflineCostModel):
+    """RooflineCostModel's interface with measured terms (see the module docstring)."""
+
+    def __init__(self, scenario: Scenario, bundle: Bundle):
+        self.scenario = scenario
+        if scenario.tensor_parallel != 1:
+            raise ScenarioError("calibration", "a bundle times one device; tensor_parallel must be 1 with calibration")
+        self.bundle = bundle
+        self.warnings = check_bundle(bundle, scenario)
+        link_gb_s = scenario.offload.link_gb_s
+        h2d = bundle.table("h2d_pinned")
+        if link_gb_s is None and h2d is not None:
+            largest = float(h2d.axes[0][-1])
+            link_gb_s = largest / h2d(largest) / 1e9
+        super().__init__(scenario, link_gb_s=link_gb_s)
+        fits = bundle.fits
+        self.forward_base = bundle.table("forward_base")
+        self.forward_factor = bundle.forward_factor()
+        self.step_fixed_s = float(fits.get("step_overhead_s", 0.0))
+        self.step_per_request_s = float(fits.get("request_overhead_s", 0.0))
+        self.verify_tokens = scenario.speculation.verify_tokens
+        self.model = scenario.model_spec
+        self.shadow_bits = scenario.speculation.draft.bits
+        self.shadow_bytes = quantized_weight_bytes(scenario.speculation.draft.bits, scenario.speculation.draft.group_size)
+        self._priced: dict[int, _Priced | None] = {}
+
+    def priced(self, stack: Stack) -> _Priced | None:
+        """The stack's measured terms, or None when the bundle cannot price it (roofline then)."""
+        key = id(stack)
+        if key not in self._priced:
+            self._priced[key] = self._price(stack)
+        return self._priced[key]
+
+    def _price(self, stack: Stack) -> _Priced | None:
+        m = self.model
+        same_shape = (stack.hidden, stack.heads, stack.kv_heads, stack.head_dim, stack.ffn) == \
+            (m.hidden, m.heads, m.kv_heads, m.head_dim, m.ffn)
+        prefix = "linear"
+        if stack.weight_bytes != self.act_bytes:
+            prefix = f"int{self.shadow_bits}"
+            if stack.name != "shadow" or stack.weight_bytes != self.shadow_bytes:
+                same_shape = False
+        lm_head = stack.lm_head_vocab in (0, m.vocab)
+        needed = [f"{prefix}.{n}" for n, _, _ in stack.linears] if stack.layers else []
+        needed += ["elementwise", "attention", "attention_prefill"] + (["lm_head"] if lm_head and stack.lm_head_vocab else [])
+        missing = [n for n in needed if self.bundle.table(n) is None]
+        if not same_shape or missing:
+            reason = "other dimensions" if not same_shape else f"no {', '.join(missing)} in the bundle"
+            self.warnings.append(f"stack {stack.name} priced by the roofline model ({reason})")
+            return None
+        partly = (["its extra linears"] if stack.extra_linears else []) + \
+            ([f"its LM head (vocabulary {stack.lm_head_vocab})"] if not lm_head else [])
+        if partly:
+            self.warnings.append(f"stack {stack.name}: {' and '.join(partly)} priced by the roofline model "
+                                 f"(not in the bundle)")
+        return _Priced(stack, self._cost_of(stack), self.bundle, prefix, lm_head)
+
+    def needs_kv_tokens(self, stack: Stack, query: int) -> bool:
+        if self.priced(stack) is None:
+            return super().needs_kv_tokens(stack, query)
+        return stack.kv_window is not None
+
+    def forward(self, stack: Stack, groups: Sequence[Group], shares: list[float], *,
+                offloaded_layers: int = 0, kv_offloaded: bool = False, repeat: int = 1) -> float:
+        p = self.priced(stack)
+        if p is None:
+            return super().forward(stack, groups, shares, offloaded_layers=offloaded_layers,
+                                   kv_offloaded=kv_offloaded, repeat=repeat)
+        tokens = sum(g.tokens for g in groups)
+        logits = sum(g.logits_tokens for g in groups)
+        if tokens == 0:
+            return 0.0
+        requests = sum(g.requests for g in groups)
+        kv_mean = sum(g.kv_tokens_sum for g in groups) / max(requests, 1)
+        base = self.forward_base(requests, tokens / max(requests, 1), kv_mean) if self.forward_base else 0.0
+        shared, lm_head = p.batch_terms_s(tokens, logits)
+        # Whole forwards measured against composed ones, at this many query tokens.
+        scale = self.forward_factor(tokens, kv_mean) if self.forward_factor is not None else 1.0
+        shared = (shared + base) * scale
+        attention_of = (lambda g: p.attention_layer_s(g) * scale) if p.attends else None
+        return self.compose(groups, tokens, logits, shared, lm_head * scale, attention_of, p, shares,
+                            offloaded_layers, kv_offloaded, repeat)
+
+    def forward_uniform(self, stack: Stack, phase: int, requests: int, query: int, kv_tokens_sum: float,
+                        shares: list[float], *, tokens: int | None = None, logits_tokens: int | None = None,
+                        context: np.ndarray | None = None, kv_offset: float = 0, offloaded_layers: int = 0,
+                        kv_offloaded: bool = False, repeat: int = 1) -> float:
+        if self.priced(stack) is None:
+            return super().forward_uniform(stack, phase, requests, query, kv_tokens_sum, shares, tokens=tokens,
+                                           logits_tokens=logits_tokens, context=context, kv_offset=kv_offset,
+                                           offloaded_layers=offloaded_layers, kv_offloaded=kv_offloaded,
+                                           repeat=repeat)
+        if tokens is None:
+            tokens = requests * query
+        if logits_tokens is None:
+            logits_tokens = tokens
+        kv = context + kv_offset if context is not None and stack.kv_window is not None else None
+        group = Group(phase, requests, tokens, query, kv_tokens_sum, logits_tokens, None, kv)
+        return self.forward(stack, [group], shares, offloaded_layers=offloaded_layers, kv_offloaded=kv_offloaded,
+                            repeat=repeat)
+
+    def selection(self, stack: Stack, requests: int, context_sum: int, query_tokens_sum: int,
+                  budget_tokens: int, block_tokens: int, shares: list[float]) -> float:
+        """Block summaries of the context and one selection, in every layer (the measured ops)."""
+        summaries, select = self.bundle.table("summaries"), self.bundle.table("selection")
+        if requests == 0:
+            return 0.0
+        if summaries is None or select is None or self.priced(stack) is None:
+            return super().selection(stack, requests, context_sum, query_tokens_sum, budget_tokens, block_tokens,
+                                     shares)
+        context = context_sum / requests
+        seconds = stack.layers * (summaries(requests, context) + select(requests, context, budget_tokens))
+        shares[SELECTION] += seconds
+        return seconds
+
+    def host_draft(self, requests: int, shares: list[float], context_tokens: float | None = None) -> float:
+        """Prompt lookup for each request over its history (the measured lookup at the mean context)."""
+        ngram = self.bundle.table("ngram")
+        if ngram is None or context_tokens is None:
+            return super().host_draft(requests, shares)
+        seconds = requests * ngram(context_tokens)
+        shares[DRAFT] += seconds
+        return seconds
+
+    def step_overhead(self, requests: int, shares: list[float]) -> float:
+        """The live engine's host time per step (fitted) plus its acceptance of the batch's logits."""
+        seconds = self.step_fixed_s + self.step_per_request_s * requests
+        accept = self.bundle.table("accept")
+        if accept is not None and requests:
+            seconds += accept(requests, self.verify_tokens)
+        shares[OVERHEAD] += seconds
+        return seconds

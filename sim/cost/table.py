@@ -1,0 +1,67 @@
+"""One measured operator: seconds on a regular grid over its dims, interpolated in log-log space.
+
+Inside the grid: multilinear interpolation of log(seconds) over log(coordinates). Interpolating
+logs keeps power laws exact (a linear's time is linear in tokens past its ridge, flat below it)
+and never crosses zero; piecewise-linear pieces never leave the range of the neighbouring
+measurements (monotone between grid points, no spline overshoot). The measured values are kept as
+they are: a matmul library's 2-token path can be slower than its 4-token path, and flattening
+that away would mispredict both.
+
+Outside the grid (documented in docs/architecture.md):
+- below an axis's smallest value: the value there (a latency floor: fewer tokens cost no less);
+- above its largest: the value there scaled by (x / largest), i.e. linear in that dim, which is
+  what a bandwidth- or compute-bound operator does once it is past its launch overheads; a table of
+  ratios rather than times (`linear_above=False`) holds its last value instead.
+"""
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+
+import numpy as np
+
+
+class OperatorTable:
+    def __init__(self, name: str, dims: tuple[str, ...], axes: list[np.ndarray], seconds: np.ndarray,
+                 linear_above: bool = True):
+        if seconds.shape != tuple(len(a) for a in axes):
+            raise ValueError(f"{name}: {seconds.shape} values for a grid of {[len(a) for a in axes]}")
+        if not np.all(np.isfinite(seconds)) or np.any(seconds <= 0):
+            raise ValueError(f"{name}: a grid value is missing, zero or negative")
+        for a in axes:
+            if len(a) < 1 or np.any(np.diff(a) <= 0) or a[0] <= 0:
+                raise ValueError(f"{name}: grid axis {list(a)} is not positive and increasing")
+        self.name = name
+        self.dims = dims
+        self.linear_above = linear_above
+        self.axes = [np.asarray(a, dtype=float) for a in axes]
+        self.seconds = np.asarray(seconds, dtype=float)
+        self._log_axes = [[math.log(x) for x in a] for a in self.axes]
+        self._max = [float(a[-1]) for a in self.axes]
+        self._log_values = np.log(self.seconds)
+
+    def __call__(self, *coords: float) -> float:
+        """Seconds at one point (coords in the order of dims)."""
+        scale = 1.0
+        corners = [((), 1.0)]
+        for axis, x in enumerate(coords):
+            log_axis = self._log_axes[axis]
+            if x > self._max[axis]:
+                if self.linear_above:
+                    scale *= x / self._max[axis]
+                x = self._max[axis]
+            lx = math.log(max(x, 1e-300))
+            i = bisect_right(log_axis, lx) - 1
+            if i < 0:
+                options = ((0, 1.0),)
+            elif i >= len(log_axis) - 1:
+                options = ((len(log_axis) - 1, 1.0),)
+            else:
+                w = (lx - log_axis[i]) / (log_axis[i + 1] - log_axis[i])
+                options = ((i, 1.0 - w), (i + 1, w))
+            corners = [(index + (j,), weight * wj) for index, weight in corners for j, wj in options if wj > 0]
+        log_seconds = sum(weight * self._log_values[index] for index, weight in corners)
+        return math.exp(log_seconds) * scale
+
+    def within(self, *coords: float) -> bool:
+        return all(a[0] <= x <= a[-1] for a, x in zip(self.axes, coords))

@@ -1,0 +1,239 @@
+"""Calibration bundles: the interpolation tables, reading and checking bundles, the calibrated cost
+model in the simulator, and `python -m profiler calibrate` / `inspect` end to end on a small model."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.cost.bundle import load_bundle, model_hash
+from sim.cost.table import OperatorTable
+from sim.errors import ScenarioError
+from sim.simulate import simulate
+
+ROOT = Path(__file__).resolve().parent.parent
+BUNDLE = ROOT / "calibration" / "cpu" / "smollm2-135m"
+
+
+def smollm2_scenario(**fields) -> dict:
+    base = {"hardware": "cpu", "model": "smollm2-135m", "dtype": "fp32", "calibration": str(BUNDLE),
+            "workload": {"concurrency": 4, "requests": 8, "prompt_tokens": 200, "output_tokens": 32}}
+    base.update(fields)
+    return base
+
+
+# ---- tables -------------------------------------------------------------------------------------
+
+def test_table_is_exact_at_grid_points_and_on_power_laws():
+    tokens = np.array([1.0, 4.0, 16.0, 64.0])
+    table = OperatorTable("t", ("tokens",), [tokens], 1e-3 * tokens ** 0.5)
+    for x in tokens:
+        assert table(x) == pytest.approx(1e-3 * x ** 0.5, rel=1e-12)
+    # Log-log interpolation reproduces a power law between grid points exactly.
+    assert table(8.0) == pytest.approx(1e-3 * 8 ** 0.5, rel=1e-12)
+
+
+def test_table_extrapolation_is_flat_below_and_linear_above():
+    table = OperatorTable("t", ("tokens",), [np.array([2.0, 8.0])], np.array([1.0, 2.0]))
+    assert table(1.0) == pytest.approx(1.0)
+    assert table(16.0) == pytest.approx(4.0)        # 2.0 x 16 / 8
+    grid = OperatorTable("a", ("batch", "kv"), [np.array([1.0, 4.0]), np.array([10.0, 100.0])],
+                         np.array([[1.0, 3.0], [2.0, 9.0]]))
+    assert grid(8.0, 200.0) == pytest.approx(9.0 * 2 * 2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(1e-6, 1.0), min_size=4, max_size=4), st.floats(1.0, 4.0), st.floats(10.0, 100.0))
+def test_table_stays_within_its_neighbours(values, batch, kv):
+    """Multilinear in log space never leaves the range of the surrounding measurements."""
+    grid = OperatorTable("a", ("batch", "kv"), [np.array([1.0, 4.0]), np.array([10.0, 100.0])],
+                         np.array(values).reshape(2, 2))
+    assert min(values) * (1 - 1e-9) <= grid(batch, kv) <= max(values) * (1 + 1e-9)
+
+
+def test_table_rejects_missing_values():
+    with pytest.raises(ValueError, match="missing"):
+        OperatorTable("t", ("tokens",), [np.array([1.0, 2.0])], np.array([1.0, np.nan]))
+
+
+# ---- the committed bundle -------------------------------------------------------------------------
+
+def test_committed_bundle_reads_and_reports_its_error():
+    bundle = load_bundle(BUNDLE)
+    meta = bundle.meta
+    assert meta["model"]["name"] == "smollm2-135m" and meta["dtype"] == "fp32"
+    assert meta["device"]["hardware"] == "cpu"
+    for key in ("torch", "python"):
+        assert meta["versions"][key]
+    assert meta["git_revision"] and meta["date"]
+    held = meta["held_out"]
+    assert held["points"] > 100 and 0 <= held["median_abs_error"] <= held["p90_abs_error"] <= held["max_abs_error"]
+    assert set(held["per_operator"]) == set(meta["grid"]) and len(held["forward_checks"]) >= 5
+    for op in ("linear.qkv", "linear.o", "linear.gate_up", "linear.down", "elementwise", "attention",
+               "attention_prefill", "lm_head", "forward_base", "accept", "ngram", "summaries", "selection",
+               "int8.qkv", "int4.down"):
+        assert bundle.table(op) is not None, op
+
+
+def test_calibrated_prediction_differs_from_roofline_and_is_deterministic():
+    calibrated = simulate(smollm2_scenario())
+    again = simulate(smollm2_scenario())
+    roofline = simulate(smollm2_scenario(calibration=None))
+    assert calibrated.baseline.throughput_tok_s == again.baseline.throughput_tok_s
+    assert calibrated.baseline.throughput_tok_s != pytest.approx(roofline.baseline.throughput_tok_s, rel=0.01)
+    provenance = calibrated.provenance
+    assert provenance["cost_model"].startswith("calibrated:")
+    assert provenance["calibration"]["device"] and provenance["warnings"] == []
+
+
+def test_calibrated_costs_grow_with_batch_and_context():
+    from sim.cost.batch import DECODE, PHASES, uniform_group
+    from sim.cost.calibrated import cost_model_for
+    from sim.cost.stack import build_stacks
+    from sim.scenario import load_scenario
+
+    scenario = load_scenario(smollm2_scenario())
+    cost = cost_model_for(scenario)
+    target = build_stacks(scenario).target
+    shares = [0.0] * len(PHASES)
+    at = lambda n, kv: cost.forward(target, [uniform_group(DECODE, n, 1, n * kv)], shares)
+    assert at(1, 256) < at(1, 4096) < at(8, 4096)
+    assert at(8, 256) < at(8, 4096)
+    # Past the grid's largest KV the attention term keeps growing (linear extrapolation).
+    assert at(1, 16384) > at(1, 8192)
+
+
+def test_calibrated_speculative_methods_price_their_drafts():
+    for method, extra in (("ngram", {}), ("shadow", {"bits": 8}), ("layerskip", {"exit_layer": 10}),
+                          ("streaming", {"kv_budget": 256})):
+        spec = {"method": method, "num_speculative_tokens": 4, "acceptance": {"rate": 0.6}}
+        if extra:
+            spec["draft"] = extra
+        result = simulate(smollm2_scenario(speculation=spec))
+        assert result.run.time_share.get("draft", 0) > 0, method
+        assert result.provenance["warnings"] == [], method
+
+
+def test_stack_without_tables_falls_back_to_roofline_with_a_warning():
+    spec = {"method": "draft_model", "num_speculative_tokens": 3, "acceptance": {"rate": 0.6},
+            "draft": {"model": "smollm2-135m"}}
+    result = simulate(smollm2_scenario(speculation=spec, model="smollm2-135m"))
+    assert result.provenance["warnings"] == []        # same dims: the draft reads the same tables
+    spec["method"] = "eagle3"
+    spec["draft"] = {"layers": 1}
+    result = simulate(smollm2_scenario(speculation=spec))
+    assert any("roofline" in w for w in result.provenance["warnings"]), result.provenance["warnings"]
+
+
+# ---- checks ---------------------------------------------------------------------------------------
+
+def copy_bundle(tmp_path: Path) -> Path:
+    target = tmp_path / "bundle"
+    shutil.copytree(BUNDLE, target)
+    return target
+
+
+def test_bundle_for_another_model_or_dtype_is_an_error_naming_both():
+    with pytest.raises(ScenarioError, match="smollm2-135m fp32, the scenario runs llama-3.2-1b fp32"):
+        simulate(smollm2_scenario(model="llama-3.2-1b"))
+    with pytest.raises(ScenarioError, match="smollm2-135m fp32, the scenario runs smollm2-135m bf16"):
+        simulate(smollm2_scenario(dtype="bf16"))
+
+
+def test_bundle_from_another_device_is_a_warning_in_the_result():
+    result = simulate(smollm2_scenario(hardware="rtx-4090"))
+    assert any("measured on" in w and "rtx-4090" in w for w in result.provenance["warnings"])
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "profile.parquet").unlink(), "profile.parquet is missing"),
+    (lambda d: (d / "meta.json").write_text("{not json"), "not valid JSON"),
+    (lambda d: (d / "profile.parquet").write_bytes(b"PAR1 broken"), "cannot be read"),
+    (lambda d: (d / "meta.json").write_text(json.dumps({**json.loads((d / "meta.json").read_text()),
+                                                          "schema_version": 99})), "schema version 99"),
+])
+def test_damaged_bundle_is_a_one_line_error(tmp_path, damage, message):
+    bundle = copy_bundle(tmp_path)
+    damage(bundle)
+    with pytest.raises(ScenarioError, match=message) as info:
+        simulate(smollm2_scenario(calibration=str(bundle)))
+    assert "\n" not in str(info.value)
+
+
+def test_missing_bundle_folder_on_the_command_line(tmp_path):
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("hardware: cpu\nmodel: smollm2-135m\ndtype: fp32\ncalibration: nowhere/at/all\n")
+    out = subprocess.run([sys.executable, "-m", "sim", "run", str(scenario)], capture_output=True, text=True,
+                         cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.startswith("error: calibration: no such bundle folder") and out.stderr.count("\n") == 1
+
+
+# ---- calibrate and inspect end to end -----------------------------------------------------------
+
+TINY = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 64,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 512,
+        "tie_word_embeddings": True, "max_position_embeddings": 1024}
+
+
+@pytest.fixture(scope="module")
+def tiny_bundle(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("calibrate")
+    config = folder / "config.json"
+    config.write_text(json.dumps(TINY))
+    out = folder / "bundle"
+    run = subprocess.run([sys.executable, "-m", "profiler", "calibrate", "--model", str(config), "--quick",
+                          "--device", "cpu", "--out", str(out)], capture_output=True, text=True, cwd=folder)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return config, out, run.stdout
+
+
+def test_calibrate_writes_a_complete_bundle(tiny_bundle):
+    config, out, stdout = tiny_bundle
+    assert "held-out error" in stdout
+    bundle = load_bundle(out)
+    meta = bundle.meta
+    from profiler.loaders import hf_llama_config
+
+    assert meta["model"]["hash"] == model_hash(hf_llama_config(config))
+    assert meta["schema_version"] == 1 and meta["quick"] and meta["rounds"] == 1
+    assert meta["held_out"]["points"] > 0 and math.isfinite(meta["held_out"]["median_abs_error"])
+    fits = meta["fits"]
+    assert np.min(fits["forward_factor"]["factor"]) > 0 and fits["step_overhead_s"] >= 0
+    import pandas as pd
+
+    frame = pd.read_parquet(out / "profile.parquet")
+    assert (frame.seconds > 0).all() and frame.held_out.any()
+    assert not list(out.parent.glob(".bundle.*")), "temporary folders left behind"
+    # The simulator reads it for a scenario of the same config.
+    result = simulate({"hardware": "cpu", "model": str(config), "dtype": "fp32", "calibration": str(out),
+                       "workload": {"concurrency": 2, "requests": 4, "prompt_tokens": 100, "output_tokens": 16}})
+    assert result.baseline.throughput_tok_s > 0 and result.provenance["warnings"] == []
+
+
+def test_inspect_prints_achieved_rates(tiny_bundle):
+    _, out, _ = tiny_bundle
+    run = subprocess.run([sys.executable, "-m", "profiler", "inspect", str(out)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    for text in ("linear.gate_up", "attention", "best GB/s", "of spec", "held-out error"):
+        assert text in run.stdout
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["calibrate", "--model", "no-such-model"], "error: --model: 'no-such-model' is not smollm2"),
+    (["calibrate", "--operators", "linear.qkv,warp"], "error: --operators: unknown operator 'warp'"),
+    (["calibrate", "--rounds", "0"], "error: --rounds: 0 must be at least 1"),
+    (["inspect", "/no/such/bundle"], "error: calibration: no such bundle folder"),
+])
+def test_calibrate_bad_input_is_one_line(argv, message):
+    run = subprocess.run([sys.executable, "-m", "profiler", *argv], capture_output=True, text=True)
+    assert run.returncode == 2
+    assert run.stderr.startswith(message) and run.stderr.count("\n") == 1, run.stderr

@@ -464,6 +464,8 @@ def _check_semantics(scenario: Scenario) -> None:
         from sim.cost.bundle import check_bundle, load_bundle
 
         check_bundle(load_bundle(scenario.calibration), scenario)     # unreadable, other model or dtype: fail now
+        if tp != 1:
+            raise ScenarioError("calibration", "a bundle times one device; tensor_parallel must be 1 with calibration")
     pv = spec.partial_verify
     if pv is not None and pv.budget % pv.block:
         raise ScenarioError("speculation.partial_verify.budget",

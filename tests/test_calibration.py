@@ -148,6 +148,11 @@ def test_bundle_for_another_model_or_dtype_is_an_error_naming_both():
         simulate(smollm2_scenario(dtype="bf16"))
 
 
+def test_calibration_with_tensor_parallelism_is_refused():
+    with pytest.raises(ScenarioError, match="tensor_parallel must be 1"):
+        simulate(smollm2_scenario(tensor_parallel=3))
+
+
 def test_bundle_from_another_device_is_a_warning_in_the_result():
     result = simulate(smollm2_scenario(hardware="rtx-4090"))
     assert any("measured on" in w and "rtx-4090" in w for w in result.provenance["warnings"])

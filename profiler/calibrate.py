@@ -541,12 +541,12 @@ def held_out_error(frame, grid, forward_checks) -> dict:
     """|interpolated - measured| / measured at every held-out point, and of the composed forwards."""
     import numpy as np
 
-    from sim.cost.bundle import _table
+    from sim.cost.bundle import table_from_rows
 
     errors, per_op = [], {}
     for op, axes in grid.items():
         spec = {"dims": list(axes), "axes": axes}
-        table = _table(op, spec, frame[(frame.op == op) & ~frame.held_out])
+        table = table_from_rows(op, spec, frame[(frame.op == op) & ~frame.held_out])
         rows = frame[(frame.op == op) & frame.held_out]
         op_errors = [abs(table(*(row[d] for d in axes)) / row["seconds"] - 1) for _, row in rows.iterrows()]
         if op_errors:

@@ -67,13 +67,8 @@ class Bench:
 
     def linear(self, n_in: int, n_out: int) -> nn.Linear:
         layer = nn.Linear(n_in, n_out, bias=False, device="meta")
-        layer.weight = nn.Parameter(self.randn(n_out, n_in) * n_in ** -0.5 if self.pool is None
-                                    else self.randn(n_out, n_in), requires_grad=False)
+        layer.weight = nn.Parameter(self.randn(n_out, n_in), requires_grad=False)
         return layer
-
-    @property
-    def element_bytes(self) -> int:
-        return torch.finfo(self.dtype).bits // 8
 
 
 def random_pool(numel: int, dtype: torch.dtype, device: str, seed: int) -> torch.Tensor:

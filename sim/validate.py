@@ -60,9 +60,10 @@ def model_preset_of(config: dict) -> str:
     raise ScenarioError("RUN_DIR", f"no model preset has the run's dimensions ({config.get('name')})")
 
 
-def batch_scenarios(run_dir: Path, calibration: Path | None, hardware: str | None = None) -> list[dict]:
-    """One scenario mapping per static batch of the run, in order."""
-    meta, summary, requests = read_run(run_dir)
+def batch_scenarios(run_dir: Path, run: tuple, calibration: Path | None, hardware: str | None = None) -> list[dict]:
+    """One scenario mapping per static batch of the run (`read_run`'s (meta, summary, requests)),
+    in order."""
+    meta, summary, requests = run
     if summary.get("method") != "none":
         raise ScenarioError("RUN_DIR", f"{run_dir} ran method {summary.get('method')}; validation covers "
                                        f"autoregressive runs (--method none) so far")
@@ -96,9 +97,9 @@ def batch_scenarios(run_dir: Path, calibration: Path | None, hardware: str | Non
 def compare_run(run_dir: Path, calibration: Path | None) -> Comparison:
     from sim.simulate import simulate
 
-    meta, summary, requests = read_run(run_dir)
+    run = meta, summary, requests = read_run(run_dir)
     seconds, tokens = 0.0, 0
-    for scenario in batch_scenarios(run_dir, calibration):
+    for scenario in batch_scenarios(run_dir, run, calibration):
         result = simulate(scenario)
         seconds += result.baseline.makespan_s
         tokens += result.baseline.output_tokens

@@ -96,7 +96,7 @@ def _load(folder: Path, stamp: tuple) -> Bundle:
     if missing:
         raise ScenarioError("calibration", f"{folder / 'profile.parquet'} lacks columns {', '.join(missing)}")
     try:
-        tables = {name: _table(name, spec, frame[(frame.op == name) & ~frame.held_out])
+        tables = {name: table_from_rows(name, spec, frame[(frame.op == name) & ~frame.held_out])
                   for name, spec in meta["grid"].items()}
         for key in ("model", "dtype", "device"):
             meta[key]
@@ -107,7 +107,7 @@ def _load(folder: Path, stamp: tuple) -> Bundle:
     return bundle
 
 
-def _table(name: str, spec: dict, rows) -> OperatorTable:
+def table_from_rows(name: str, spec: dict, rows) -> OperatorTable:
     """The operator's grid (meta.json) filled from its rows; every grid point must be measured."""
     dims = tuple(spec["dims"])
     axes = [np.asarray(spec["axes"][d], dtype=float) for d in dims]

@@ -16,7 +16,7 @@ tokens); queries longer than the table's (prompt chunks) are priced per request 
 table; SpecPV's partial groups read the partial-attention table (selected positions gathered). A stack the bundle did not measure (a draft model or head of other dimensions, EAGLE-3's
 fusion layer, a Medusa block) keeps the roofline price, and the result says so in its warnings.
 Tensor parallelism and weight offloading are out of a single-device bundle's reach: tensor_parallel
-must be 1, and transfers use the measured host-link rate when the bundle has one.
+must be 1 (sim/scenario.py checks), and transfers use the measured host-link rate when the bundle has one.
 """
 from __future__ import annotations
 
@@ -28,7 +28,6 @@ from sim.cost.batch import DRAFT, OVERHEAD, PARTIAL, SELECTION, Group
 from sim.cost.bundle import Bundle, check_bundle, load_bundle
 from sim.cost.roofline import RooflineCostModel
 from sim.cost.stack import Stack, quantized_weight_bytes
-from sim.errors import ScenarioError
 from sim.scenario import Scenario
 
 
@@ -108,9 +107,7 @@ class CalibratedCostModel(RooflineCostModel):
     """RooflineCostModel's interface with measured terms (see the module docstring)."""
 
     def __init__(self, scenario: Scenario, bundle: Bundle):
-        self.scenario = scenario
-        if scenario.tensor_parallel != 1:
-            raise ScenarioError("calibration", "a bundle times one device; tensor_parallel must be 1 with calibration")
+        self.scenario = scenario          # load_scenario has refused tensor_parallel > 1 with a bundle
         self.bundle = bundle
         self.warnings = check_bundle(bundle, scenario)
         link_gb_s = scenario.offload.link_gb_s

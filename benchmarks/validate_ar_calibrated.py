@@ -53,7 +53,7 @@ def main() -> int:
                     live(run, batch, requests, args.max_new_tokens, context, args.text)
                 runs.append((batch, run))
         out = subprocess.run([sys.executable, "-m", "sim", "validate", *(str(r) for _, r in runs),
-                              "--calibration", str(args.bundle), "--out", str(root / "validation.csv")],
+                              "--calibration", str(args.bundle), "--out", str(root / "validation")],
                              capture_output=True, text=True, cwd=ROOT)
         if out.returncode:
             print(out.stderr, file=sys.stderr)
@@ -61,9 +61,10 @@ def main() -> int:
         print(out.stdout)
         import csv
 
-        rows = list(csv.DictReader((root / "validation.csv").open()))
+        with (root / "validation" / "validation.csv").open() as handle:
+            rows = list(csv.DictReader(line for line in handle if not line.startswith("#")))
         for batch in sorted({b for b, _ in runs}):
-            errors = [abs(float(r["error"])) for r in rows if int(r["batch"]) == batch]
+            errors = [abs(float(r["tok_s_error"])) for r in rows if int(r["batch"]) == batch]
             print(f"batch {batch}: median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%} "
                   f"over {len(errors)} runs")
     return 0

@@ -137,6 +137,9 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep BUNDLE's operator times and redo only the engine fits (after an engine change)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default torch's)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--engine", choices=("live", "hf"), default="live",
+                        help="live: this project's engine, operator by operator; hf: Hugging Face transformers' "
+                             "model forward as a black box (profiler/hf_engine.py)")
 
 
 def resolve_config(name: str):
@@ -178,6 +181,11 @@ def hardware_name(device_name: str, cuda: bool) -> str:
 def calibrate_command(args) -> int:
     import numpy as np
     import torch
+
+    if args.engine == "hf":
+        from profiler.hf_engine import calibrate_hf
+
+        return calibrate_hf(args)
 
     if args.threads is not None:
         if args.threads < 1:

@@ -232,7 +232,9 @@ def run_batches(model, prompts: list[list[int]], args, drafter, eos_id, label: s
     return runs
 
 
-def live_command(args) -> int:
+def live_command(args, models: dict | None = None, quiet: bool = False) -> int:
+    """Run and record one live run. models: a cache of loaded targets (a study reuses one model
+    across its runs); quiet: do not print the summary."""
     import torch
 
     check_arguments(args)
@@ -243,7 +245,12 @@ def live_command(args) -> int:
     dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ScenarioError("--device", "cuda is not available here (torch " + torch.__version__ + ")")
-    loaded = load_model(args.model, dtype, seed=args.seed, device=args.device)
+    key = (args.model, args.dtype, args.seed, args.device)
+    loaded = models.get(key) if models is not None else None
+    if loaded is None:
+        loaded = load_model(args.model, dtype, seed=args.seed, device=args.device)
+        if models is not None:
+            models[key] = loaded
     model, config, tok = loaded.model, loaded.config, loaded.tokenizer
     if args.tokenizer is not None:
         from profiler.tokenizer import ChatTokenizer
@@ -279,11 +286,11 @@ def live_command(args) -> int:
     if args.baseline or args.check_lossless:
         baseline = (speculative if args.method == "none"
                     else run_batches(model, prompts, args, None, tok.eos_id, "baseline"))
-    write_run(args, rows, prompts, tok, loaded, speculative, baseline)
+    write_run(args, rows, prompts, tok, loaded, speculative, baseline, quiet)
     return 0
 
 
-def write_run(args, rows, prompts, tok, loaded, speculative, baseline) -> None:
+def write_run(args, rows, prompts, tok, loaded, speculative, baseline, quiet: bool = False) -> None:
     import pandas as pd
 
     steps, requests, outputs = [], [], []
@@ -324,7 +331,8 @@ def write_run(args, rows, prompts, tok, loaded, speculative, baseline) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    print(json.dumps(summary, indent=2))
+    if not quiet:
+        print(json.dumps(summary, indent=2))
 
 
 def summarize_run(speculative, baseline, args) -> dict:

@@ -151,6 +151,49 @@ class TraceAcceptance(AcceptanceModel):
 
 
 
+class ReplayAcceptance(AcceptanceModel):
+    """Replays one live run exactly: simulated request i takes recorded request i's accepted
+    counts step by step (cyclically, should it need more steps than were recorded), and with
+    SpecPV rectify its roll-backs at the same steps. What `sim validate` uses to measure the cost
+    model's error alone."""
+
+    uses_steps = True
+
+    def __init__(self, accepted: list[np.ndarray], depth: int, rolled_back: list[np.ndarray] | None = None,
+                 drafted: list[np.ndarray] | None = None):
+        self.depth = depth
+        lengths = np.array([max(len(a), 1) for a in accepted])
+        self.offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        self.lengths = lengths
+        pad = lambda rows: np.concatenate([np.asarray(r, dtype=np.int64) if len(r) else np.zeros(1, np.int64)
+                                           for r in rows])
+        self.flat = np.minimum(pad(accepted), depth) + 1
+        self._rolled_back = pad(rolled_back) if rolled_back is not None else None
+        self._verify_tokens = np.minimum(pad(drafted), depth) + 1 if drafted is not None else None
+
+    def _index(self, rids: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        return self.offsets[rids] + steps % self.lengths[rids]
+
+    def draw(self, n, rids, steps, context):
+        tokens = self.flat[self._index(rids, steps)]
+        return tokens, int(tokens.sum())
+
+    @property
+    def verify_tokens(self):
+        """(rids, step indices) -> tokens each request verifies (its proposal + 1), or None when the
+        drafter always proposed the full depth."""
+        if self._verify_tokens is None:
+            return None
+        return lambda rids, steps: self._verify_tokens[self._index(rids, steps)]
+
+    @property
+    def rolled_back(self):
+        """(rids, step indices) -> recorded roll-backs, or None when the run recorded none."""
+        if self._rolled_back is None:
+            return None
+        return lambda rids, steps: self._rolled_back[self._index(rids, steps)]
+
+
 def read_acceptance_trace(path: Path) -> list[np.ndarray]:
     """Per-request sequences of accepted drafts from CSV/Parquet/JSONL with an `accepted` column.
 

@@ -1,11 +1,14 @@
 """python -m sim run SCENARIO [--set FIELD=VALUE ...] [--vary FIELD=V1,V2,...] [--json] [--out FILE]
-python -m sim validate RUN_DIR... [--calibration DIR] [--out FILE]
+python -m sim validate RUN_DIR... | --study NAME --text FILE [--calibration DIR] [--out DIR] [--docs FILE]
+python -m sim fit-acceptance RUN_DIR... [--vllm FILE ...] -o acceptance.yaml
 
 run: simulates a scenario with its speculation and without (the baseline), on the same requests and
 seed. --set overrides one field (dotted path, YAML value); --vary runs the scenario once per value
 and prints one row each.
-validate: predicts each `profiler live` run (docs/validation.md) and prints measured, predicted and
-the error.
+validate: predicts each `profiler live` run, replaying its acceptance and with acceptance fitted on
+the other runs, and reports the errors (docs/validation.md); --study first runs a study's live runs.
+fit-acceptance: per drafter, the acceptance block of a scenario fitted on live runs (or vLLM's
+counters), and SpecPV's disagreement with full verification.
 """
 from __future__ import annotations
 
@@ -43,9 +46,23 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print JSON instead of a summary")
     run.add_argument("--out", type=Path, help="also write the JSON to this file")
     validate = commands.add_parser("validate", help="predict profiler live runs and report the error")
-    validate.add_argument("runs", type=Path, nargs="+", metavar="RUN_DIR", help="folders written by profiler live")
-    validate.add_argument("--calibration", type=Path, help="calibration bundle (default: the roofline model)")
-    validate.add_argument("--out", type=Path, help="also write the table as CSV to this file")
+    validate.add_argument("runs", type=Path, nargs="*", metavar="RUN_DIR", help="folders written by profiler live")
+    validate.add_argument("--study", help="run this validation study's live runs first (profiler/studies: "
+                                          "cpu-default, smoke, or a YAML file), then validate them")
+    validate.add_argument("--text", type=Path, help="with --study: the long text prompts are cut from")
+    validate.add_argument("--repeats", type=int, help="with --study: how many times to run it (default: the "
+                                                      "study's `repeats`); each run is measured by its fastest repeat")
+    validate.add_argument("--calibration", type=Path,
+                          help="calibration bundle (default: the study's, else the roofline model)")
+    validate.add_argument("--out", type=Path, help="write validation.csv and parity.html here (with --study: "
+                                                   "also its run folders; default validation/STUDY)")
+    validate.add_argument("--docs", type=Path, help="replace the study's table in this Markdown file "
+                                                    "(between its validation markers)")
+    fit = commands.add_parser("fit-acceptance", help="fit acceptance per drafter from live runs or vLLM counters")
+    fit.add_argument("runs", type=Path, nargs="*", metavar="RUN_DIR", help="folders written by profiler live")
+    fit.add_argument("--vllm", type=Path, action="append", default=[], metavar="FILE",
+                     help="vLLM speculative decoding counters: a /metrics scrape or JSON lines (repeatable)")
+    fit.add_argument("-o", "--out", type=Path, required=True, help="acceptance YAML to write")
     return parser
 
 
@@ -55,7 +72,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             return run_command(args)
         if args.command == "validate":
+            from sim.validate_cli import validate_command
+
             return validate_command(args)
+        if args.command == "fit-acceptance":
+            from sim.validate_cli import fit_acceptance_command
+
+            return fit_acceptance_command(args)
     except ScenarioError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -94,33 +117,6 @@ def run_command(args) -> int:
         except OSError as exc:
             raise ScenarioError("--out", f"cannot write {args.out}: {exc.strerror or exc}") from None
     print(json.dumps(payload) if args.json else text)
-    return 0
-
-
-def validate_command(args) -> int:
-    from dataclasses import asdict
-
-    from sim.validate import compare_run, format_comparisons
-
-    if args.calibration is not None:
-        from sim.cost.bundle import load_bundle
-
-        load_bundle(args.calibration)
-    rows = [compare_run(run, args.calibration) for run in args.runs]
-    if args.out is not None:
-        import csv
-        import io
-
-        buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=[*asdict(rows[0]), "error"])
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({**asdict(row), "error": row.error})
-        try:
-            write_atomic(args.out, buffer.getvalue())
-        except OSError as exc:
-            raise ScenarioError("--out", f"cannot write {args.out}: {exc.strerror or exc}") from None
-    print(format_comparisons(rows))
     return 0
 
 

@@ -96,6 +96,8 @@ class EngineSimulation:
         self.draft_forwards = spec.draft_depth
         self.tree_width = spec.tree.tokens_per_draft_forward if spec.tree is not None else 1
         self.partial = spec.partial_verify if self.speculative else None
+        self.final_check = self.partial is not None and self.partial.rectify
+        self.replayed_lengths = getattr(acceptance, "verify_tokens", None) if self.speculative else None
         self.max_batch = min(scenario.scheduler.max_batch, memory.max_running or scenario.scheduler.max_batch)
         self.prefill_chunk = scenario.scheduler.prefill_chunk
         self.reserve_tokens = memory.partial_cache_tokens
@@ -221,6 +223,10 @@ class EngineSimulation:
             seconds += self.plan_partial_verify(n, ctx, groups, plan, shares)
         else:
             V = self.verify_tokens
+            if self.replayed_lengths is not None:
+                # A replayed run whose drafter proposed fewer tokens at some steps: the forward
+                # verifies the longest proposal in the batch (shorter rows are padded).
+                V = int(self.replayed_lengths(s.rid[:n], s.steps[:n]).max())
             phase = VERIFY if self.speculative else DECODE
             if prefill is None:
                 return seconds + cost.forward_uniform(
@@ -274,13 +280,18 @@ class EngineSimulation:
             buffer = s.since[:n][partial]
             kv = pv.static_tokens + buffer + V
             groups.append(uniform_group(PARTIAL, len(kv), V, int(kv.sum()), kv_tokens=kv))
+            if pv.reselect == "step":
+                # Quest: every partial step scores the blocks with its own queries.
+                seconds += self.cost.selection(self.stacks.target, len(kv), int(ctx[partial].sum()), len(kv) * V,
+                                               pv.budget, pv.block, shares, part="scores")
         if full.any():
             # Re-feed the tokens accepted since the refresh, then verify the new drafts.
             q = s.since[:n][full] + V
             kv = ctx[full] + V - 1
             groups.append(Group(FULL, len(q), int(q.sum()), int(q.max()), int(kv.sum()), int(q.sum()), q, kv))
             seconds += self.cost.selection(self.stacks.target, len(q), int(kv.sum()), int(q.sum()),
-                                           pv.budget, pv.block, shares)
+                                           pv.budget, pv.block, shares,
+                                           part="refresh" if pv.reselect == "refresh" else "summaries")
         return seconds
 
     def commit(self, chunks, plan) -> None:
@@ -311,6 +322,13 @@ class EngineSimulation:
             self.ctx_sum += grown
             self.kv_used_tokens += grown
             done = ctx >= s.finish[:n]
+            if self.final_check and np.count_nonzero(done):
+                # Rectify is lossless: tokens accepted under partial attention since the last
+                # refresh are re-checked by one more full verification before the request ends.
+                unchecked = done & (s.since[:n] > 0)
+                if unchecked.any():
+                    s.selected[:n][unchecked] = 0
+                    done &= ~unchecked
             if np.count_nonzero(done):      # far cheaper than done.any() on small arrays
                 self.finish_requests(now, done.nonzero()[0])
         if chunks:
@@ -339,16 +357,21 @@ class EngineSimulation:
             record.full_verifications += int(full.sum())
             if pv.rectify:
                 since = s.since[:n][full]
-                p = disagreement_probability(pv.disagreement, pv.budget, pv.static_tokens, ctx[full])
-                # Index of the first disagreeing token in the buffer: geometric with parameter p.
-                u = 1.0 - self.rng.random(len(since))
-                with np.errstate(divide="ignore"):
-                    first_bad = np.floor(np.log(u) / np.log1p(-np.minimum(p, 1 - 1e-12)))
-                bad = first_bad < since
+                replayed = getattr(self.acceptance, "rolled_back", None)
+                if replayed is not None:
+                    # A replayed live run: its own roll-backs at this step.
+                    rollback = np.minimum(replayed(s.rid[:n][full], s.steps[:n][full] - 1), since)
+                else:
+                    p = disagreement_probability(pv.disagreement, pv.budget, pv.static_tokens, ctx[full])
+                    # Index of the first disagreeing token in the buffer: geometric with parameter p.
+                    u = 1.0 - self.rng.random(len(since))
+                    with np.errstate(divide="ignore"):
+                        first_bad = np.floor(np.log(u) / np.log1p(-np.minimum(p, 1 - 1e-12)))
+                    rollback = since - np.minimum(first_bad, since).astype(_INT)
+                bad = rollback > 0
                 if bad.any():
                     # Keep the tokens before the disagreement, replace it by the target's token and
                     # discard the rest of the buffer together with this step's drafts.
-                    rollback = np.where(bad, since - np.minimum(first_bad, since).astype(_INT), 0)
                     committed = committed.copy()
                     committed[full] = np.where(bad, 1 - rollback, committed[full])
                     record.rolled_back_tokens += int(rollback.sum())

@@ -143,6 +143,9 @@ class PartialVerify(Strict):
     period: PositiveInt = 20
     period_unit: Literal["tokens", "steps"] = "tokens"
     rectify: bool = False
+    # When blocks are chosen: at each full verification, for the partial steps until the next one
+    # (SpecPV), or at every partial step from the step's own queries (Quest; the live engine).
+    reselect: Literal["refresh", "step"] = "refresh"
     disagreement: Disagreement = Disagreement()
 
     @property

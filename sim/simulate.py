@@ -19,8 +19,11 @@ from sim.scenario import Scenario, load_scenario
 from sim.workload import Requests, build_requests
 
 
-def simulate(scenario: Scenario | dict | str | Path) -> Result:
+def simulate(scenario: Scenario | dict | str | Path, acceptance=None) -> Result:
     """Simulate a scenario with speculation (if any) and without, and pair the two.
+
+    acceptance: optionally, a function (scenario, requests, rng) -> AcceptanceModel used instead of
+    the scenario's own acceptance (`sim validate` replays a live run's steps this way).
 
     Raises ScenarioError (one line: field and reason) on bad input, before anything runs.
     """
@@ -42,7 +45,7 @@ def simulate(scenario: Scenario | dict | str | Path) -> Result:
 
     runs, memories, warnings = {}, {}, []
     for name, config, stacks, memory in planned:
-        record, cost = run_engine(config, requests, stacks, memory)
+        record, cost = run_engine(config, requests, stacks, memory, acceptance)
         warnings += [w for w in getattr(cost, "warnings", []) if w not in warnings]
         runs[name] = (record, summarize(record, scenario))
         memories[name] = (memory, record)
@@ -76,13 +79,13 @@ def simulate(scenario: Scenario | dict | str | Path) -> Result:
                   provenance(scenario, warnings))
 
 
-def run_engine(config: Scenario, requests: Requests, stacks, memory):
+def run_engine(config: Scenario, requests: Requests, stacks, memory, build=None):
     """One SimPy run of one configuration, and the cost model that priced it; acceptance and
-    engine draws seeded by the scenario."""
+    engine draws seeded by the scenario. build: replaces build_acceptance (see simulate)."""
     cost = cost_model_for(config)
     acceptance = None
     if config.speculation.enabled:
-        acceptance = build_acceptance(config, len(requests), np.random.default_rng([config.seed, 2]))
+        acceptance = (build or build_acceptance)(config, len(requests), np.random.default_rng([config.seed, 2]))
     engine = EngineSimulation(config, requests, cost, stacks, memory, acceptance,
                               np.random.default_rng([config.seed, 3]))
     return engine.run(), cost

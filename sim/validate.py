@@ -1,53 +1,94 @@
-"""The simulator against live runs: a `profiler live` run directory turned into the scenario that
-reproduces it, predicted, and compared.
+"""The simulator against live runs: each `profiler live` run folder turned into the scenarios that
+reproduce it, predicted twice, and compared.
 
 A live run decodes its prompts in static batches (`--batch`): each batch is prefilled in one
 forward, decoded until its last request finishes, then the next batch starts. The matching
-simulation runs each batch on its own (a closed workload of exactly those requests, every prompt
-prefilled in the first iteration) and adds the batches' times, so the prediction prices the
-same forwards the run timed. Throughput is output tokens over the summed times, as
-`profiler live` reports it.
+simulation runs each batch on its own (a closed workload of exactly those requests, each with its
+own prompt and output length, every prompt prefilled in the first iteration) and adds the
+batches' times, so the prediction prices the same forwards the run timed.
 
-So far this covers autoregressive runs (`--method none`), which test the cost model alone;
-replaying and fitting acceptance for speculative runs is the validation harness's next part.
+Two predictions per speculative run:
+- replay: every simulated request takes its live request's accepted count at each step (and, with
+  SpecPV rectify, its roll-backs): what remains is the cost model's error;
+- fitted: acceptance (and SpecPV disagreement) fitted by `sim.fit_acceptance` on the other runs
+  with the same drafter, never on this one: the full prediction a user gets. A run whose drafter
+  has no other run gets none.
+Autoregressive runs have one prediction (no acceptance to replay or fit).
+
+Measured speedup is the run's throughput over its autoregressive baseline: its own `--baseline`
+run, else the autoregressive run of the same setting among the given runs.
 """
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+import math
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from sim.errors import ScenarioError
+from sim.live_runs import LiveRun, baselines_by_setting, measured_baseline_tok_s, per_request_steps
+
+SHARES = ("prefill", "target", "draft", "selection", "other")
+# Phases of the simulator and of the live summary, in the SHARES groups.
+SIM_PHASES = {"prefill": ("prefill",), "target": ("decode", "verify", "partial_verify", "full_verify"),
+              "draft": ("draft",), "selection": ("selection",), "other": ("overhead", "transfer")}
+LIVE_PHASES = {"prefill": ("prefill",), "target": ("verify", "partial", "full", "mixed"), "draft": ("draft",),
+               "selection": ("selection",), "other": ("other",)}
+METRICS = ("tok_s", "speedup", "decode_speedup", "tpot_ms", "tokens_per_step")
+# A fitted acceptance model is a distribution: its prediction is the mean over this many seeded
+# simulations (a run of 1-16 requests is too few to average one draw of per-request rates).
+FITTED_REPLICATIONS = 8
 
 
-@dataclass(frozen=True)
+@dataclass
 class Comparison:
     run: str
     method: str
+    drafter: str
     batch: int
+    context: float
     requests: int
+    prediction: str                     # "cost model" (autoregressive), "replay" or "fitted"
     measured_tok_s: float
     predicted_tok_s: float
+    measured_speedup: float | None
+    predicted_speedup: float | None
+    measured_decode_speedup: float | None
+    predicted_decode_speedup: float | None
+    measured_tpot_ms: float
+    predicted_tpot_ms: float
+    measured_tokens_per_step: float
+    predicted_tokens_per_step: float
+    measured_share: dict = field(default_factory=dict)
+    predicted_share: dict = field(default_factory=dict)
+    repeats: int = 1
+    measured_spread: float = 0.0        # fastest / slowest repeat's throughput - 1
+    note: str = ""
+
+    def error(self, metric: str) -> float | None:
+        measured, predicted = getattr(self, f"measured_{metric}"), getattr(self, f"predicted_{metric}")
+        if measured is None or predicted is None or not measured or math.isnan(measured) or math.isnan(predicted):
+            return None
+        return predicted / measured - 1
 
     @property
-    def error(self) -> float:
-        return self.predicted_tok_s / self.measured_tok_s - 1
+    def share_error(self) -> float:
+        """Largest absolute difference of a time share (fraction of the run's time)."""
+        return max(abs(self.predicted_share.get(k, 0.0) - self.measured_share.get(k, 0.0)) for k in SHARES)
+
+    def row(self) -> dict:
+        out = {k: v for k, v in asdict(self).items() if k not in ("measured_share", "predicted_share")}
+        for metric in METRICS:
+            out[f"{metric}_error"] = self.error(metric)
+        for k in SHARES:
+            out[f"measured_share_{k}"] = self.measured_share.get(k, 0.0)
+            out[f"predicted_share_{k}"] = self.predicted_share.get(k, 0.0)
+        out["share_error"] = self.share_error
+        return out
 
 
-def read_run(run_dir: Path) -> tuple[dict, dict, "object"]:
-    """(meta, summary, requests table) of a live run; a one-line error when it is not one."""
-    import pandas as pd
-
-    try:
-        meta = json.loads((run_dir / "meta.json").read_text())
-        summary = json.loads((run_dir / "summary.json").read_text())
-        requests = pd.read_parquet(run_dir / "requests.parquet")
-    except FileNotFoundError as exc:
-        raise ScenarioError("RUN_DIR", f"{run_dir} is not a profiler live run ({Path(exc.filename).name} missing)") from None
-    except (OSError, ValueError) as exc:
-        raise ScenarioError("RUN_DIR", f"{run_dir} cannot be read ({exc.__class__.__name__})") from None
-    return meta, summary, requests
-
+# ---- scenarios ------------------------------------------------------------------------------------
 
 def model_preset_of(config: dict) -> str:
     """The simulator's model preset with the run's dimensions."""
@@ -60,57 +101,273 @@ def model_preset_of(config: dict) -> str:
     raise ScenarioError("RUN_DIR", f"no model preset has the run's dimensions ({config.get('name')})")
 
 
-def batch_scenarios(run_dir: Path, run: tuple, calibration: Path | None, hardware: str | None = None) -> list[dict]:
-    """One scenario mapping per static batch of the run (`read_run`'s (meta, summary, requests)),
-    in order."""
-    meta, summary, requests = run
-    if summary.get("method") != "none":
-        raise ScenarioError("RUN_DIR", f"{run_dir} ran method {summary.get('method')}; validation covers "
-                                       f"autoregressive runs (--method none) so far")
-    args = meta["arguments"]
-    batch = int(args["batch"])
-    requests = requests.sort_values("request")
+def speculation_of(run: LiveRun, acceptance: dict, disagreement: dict | None) -> dict:
+    """The scenario's speculation block for the run's drafter and settings."""
+    a = run.args
+    if run.method == "draft_model":
+        raise ScenarioError("RUN_DIR", f"{run.path}: draft_model runs are not covered by validation yet")
+    if a.get("temperature"):
+        raise ScenarioError("RUN_DIR", f"{run.path}: sampled runs (--temperature) are not covered by validation yet")
+    spec: dict = {"method": run.method, "acceptance": acceptance}
+    if a.get("tree"):
+        spec["tree"] = {"width": int(a["tree"][0]), "depth": int(a["tree"][1])}
+    else:
+        spec["num_speculative_tokens"] = int(a["k"])
+    if run.method == "shadow":
+        spec["draft"] = {"bits": int(a["bits"]), "group_size": int(a["group_size"])}
+    elif run.method == "layerskip":
+        spec["draft"] = {"exit_layer": int(a["exit_layer"])}
+    elif run.method == "streaming":
+        # The live engine's streaming self-draft masks the whole cache down to sink + window
+        # (profiler.model.context_mask) instead of compacting it, so it reads every KV token: its
+        # scenario is a self-draft whose window covers the whole context.
+        longest = int((run.requests.prompt_tokens + run.requests.output_tokens).max()) + run.depth + 1
+        spec["draft"] = {"kv_budget": max(longest, int(a["sink"]) + 1), "sink": int(a["sink"])}
+    if run.partial:
+        spec["partial_verify"] = {
+            "budget": int(a["budget"]), "sink": int(a["partial_sink"]), "window": int(a["partial_window"]),
+            "block": int(a["block"]), "period": int(a["period"]), "period_unit": a["period_unit"],
+            "rectify": bool(a.get("rectify")), "reselect": "step", **({"disagreement": disagreement} if disagreement else {})}
+    return spec
+
+
+def batch_scenarios(run: LiveRun, calibration: Path | None, speculation: dict | None = None,
+                    hardware: str | None = None) -> list[tuple[list[int], dict]]:
+    """(request ids, scenario mapping) per static batch of the run, in order."""
     if hardware is None:
         if calibration is not None:
             from sim.cost.bundle import load_bundle
 
             hardware = load_bundle(calibration).meta["device"].get("hardware", "cpu")
         else:
-            hardware = "cpu" if meta["device"] == "cpu" else "h100-sxm"
-    scenarios = []
-    for first in range(0, len(requests), batch):
-        chunk = requests.iloc[first:first + batch]
+            hardware = "cpu" if run.meta["device"] == "cpu" else "h100-sxm"
+    requests = run.requests
+    out = []
+    for first in range(0, len(requests), run.batch):
+        chunk = requests.iloc[first:first + run.batch]
         prompts = [int(x) for x in chunk.prompt_tokens]
         outputs = [int(x) for x in chunk.output_tokens]
-        scenarios.append({
-            "hardware": hardware, "model": model_preset_of(meta["config"]),
-            "dtype": {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[meta["dtype"]],
+        scenario = {
+            "hardware": hardware, "model": model_preset_of(run.meta["config"]),
+            "dtype": {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[run.meta["dtype"]],
             "calibration": str(calibration) if calibration is not None else None,
             "workload": {"arrival": "closed", "concurrency": len(chunk), "requests": len(chunk),
                          "prompt_tokens": prompts, "output_tokens": outputs},
             # The live engine prefills a whole batch in one forward.
             "scheduler": {"max_batch": len(chunk), "prefill_chunk": sum(prompts)},
-            "seed": int(meta.get("seed", 0))})
-    return scenarios
+            "seed": int(run.meta.get("seed", 0))}
+        if speculation is not None:
+            scenario["speculation"] = speculation
+        out.append(([int(x) for x in chunk.request], scenario))
+    return out
 
 
-def compare_run(run_dir: Path, calibration: Path | None) -> Comparison:
+# ---- predictions ----------------------------------------------------------------------------------
+
+def predict(run: LiveRun, calibration: Path | None, prediction: str, fitted: dict | None = None,
+            disagreement: dict | None = None) -> dict:
+    """Predicted metrics of a run: prediction "cost model" (autoregressive), "replay" or "fitted"
+    (with `fitted`, the drafter's acceptance block, and `disagreement` for SpecPV)."""
     from sim.simulate import simulate
 
-    run = meta, summary, requests = read_run(run_dir)
-    seconds, tokens = 0.0, 0
-    for scenario in batch_scenarios(run_dir, run, calibration):
-        result = simulate(scenario)
-        seconds += result.baseline.makespan_s
-        tokens += result.baseline.output_tokens
-    return Comparison(str(run_dir), summary["method"], int(meta["arguments"]["batch"]), len(requests),
-                      float(summary["throughput_tok_s"]), tokens / seconds)
+    speculation = None
+    if run.speculative:
+        if prediction == "replay":
+            tps = float(run.summary.get("tokens_per_step") or 1.0)
+            placeholder = {"tokens_per_step": min(max(tps, 1.0), run.depth + 1)}
+            speculation = speculation_of(run, placeholder, disagreement)
+        else:
+            speculation = speculation_of(run, fitted, disagreement)
+    totals = {"seconds": 0.0, "base_seconds": 0.0, "prefill": 0.0, "base_prefill": 0.0, "tokens": 0,
+              "requests": 0, "steps": 0, "committed": 0}
+    tpots, phases = [], {}
+    replications = FITTED_REPLICATIONS if prediction == "fitted" else 1
+    batches = batch_scenarios(run, calibration, speculation)
+    for replication in range(replications):
+        for index, (rids, scenario) in enumerate(batches):
+            build = None
+            if run.speculative and prediction == "replay":
+                build = replay_builder(run, rids)
+            # Every batch and replication draws its own requests' rates.
+            result = simulate({**scenario, "seed": scenario["seed"] + 7919 * replication + index}, acceptance=build)
+            metrics, base = result.run, result.baseline
+            totals["seconds"] += metrics.makespan_s
+            totals["base_seconds"] += base.makespan_s
+            totals["prefill"] += metrics.phase_s["prefill"]
+            totals["base_prefill"] += base.phase_s["prefill"]
+            totals["tokens"] += metrics.output_tokens
+            totals["requests"] += len(rids)
+            histogram = metrics.tokens_per_step_histogram
+            totals["steps"] += sum(histogram.values())
+            totals["committed"] += sum(k * c for k, c in histogram.items())
+            tpots.extend(x for x in metrics.tpot_s if not math.isnan(x))
+            for phase, seconds in metrics.phase_s.items():
+                phases[phase] = phases.get(phase, 0.0) + seconds
+    busy = sum(phases.values()) or 1.0
+    share = {k: sum(phases.get(p, 0.0) for p in SIM_PHASES[k]) / busy for k in SHARES}
+    decode_s = totals["seconds"] - totals["prefill"]
+    base_decode_s = totals["base_seconds"] - totals["base_prefill"]
+    return {"tok_s": totals["tokens"] / totals["seconds"],
+            "speedup": totals["base_seconds"] / totals["seconds"] if run.speculative else None,
+            "decode_speedup": base_decode_s / decode_s if run.speculative and decode_s > 0 else None,
+            "tpot_ms": float(np.mean(tpots)) * 1e3 if tpots else math.nan,
+            "tokens_per_step": totals["committed"] / totals["steps"] if run.speculative and totals["steps"] else 1.0,
+            "share": share}
+
+
+def replay_builder(run: LiveRun, rids: list[int]):
+    """The acceptance factory that replays these requests of the run step by step."""
+    from sim.acceptance import ReplayAcceptance
+
+    steps = per_request_steps(run, rids)
+    rectify = run.partial and bool(run.args.get("rectify"))
+    short = any((d < run.depth).any() for d in steps["drafted"]) and not run.args.get("tree")
+    return lambda config, n, rng: ReplayAcceptance(steps["accepted"], run.depth,
+                                                   steps["rolled_back"] if rectify else None,
+                                                   steps["drafted"] if short else None)
+
+
+def decode_tok_s(run: LiveRun) -> float | None:
+    """Output tokens after each request's first, over the run's time outside prefill."""
+    s = run.summary
+    wall_s = float(run.requests.output_tokens.sum()) / float(s["throughput_tok_s"])
+    decode_s = wall_s * (1.0 - s.get("time_share", {}).get("prefill", 0.0))
+    tokens = float(run.requests.output_tokens.sum() - len(run.requests))
+    return tokens / decode_s if decode_s > 0 else None
+
+
+def measured(run: LiveRun, baselines: dict) -> dict:
+    s = run.summary
+    base = measured_baseline_tok_s(run, baselines)
+    base_run = baselines.get(run.setting)
+    decode_speedup = None
+    if run.speculative and base_run is not None:
+        mine, theirs = decode_tok_s(run), decode_tok_s(base_run)
+        decode_speedup = mine / theirs if mine and theirs else None
+    share = s.get("time_share", {})
+    tpot = run.requests.tpot_s.dropna()
+    # Tokens per step as the simulator counts them: accepted drafts + 1, before any roll-back.
+    tokens_per_step = float(run.steps.accepted.mean() + 1) if run.speculative and len(run.steps) else 1.0
+    return {"tok_s": float(s["throughput_tok_s"]),
+            "speedup": float(s["throughput_tok_s"]) / base if run.speculative and base else None,
+            "decode_speedup": decode_speedup,
+            "tpot_ms": float(tpot.mean()) * 1e3 if len(tpot) else math.nan,
+            "tokens_per_step": tokens_per_step,
+            "share": {k: sum(share.get(p, 0.0) for p in LIVE_PHASES[k]) for k in SHARES}}
+
+
+def compare_runs(runs: list[LiveRun], calibration: Path | None, progress: bool = False) -> list[Comparison]:
+    """Every run predicted (replay and fitted for speculative runs) against its measurement."""
+    from sim.fit_acceptance import disagreement_from_runs, fit_drafter
+
+    baselines = baselines_by_setting(runs)
+    comparisons = []
+    iterator = runs
+    if progress:
+        from tqdm import tqdm
+
+        iterator = tqdm(runs, desc="validate", unit="run", leave=False)
+    for run in iterator:
+        truth = measured(run, baselines)
+        if not run.speculative:
+            plans = [("cost model", None, None, "")]
+        else:
+            others = [r for r in runs if r is not run]
+            own_disagreement = disagreement_from_runs([run], runs)[0] if run.partial else None
+            plans = [("replay", None, own_disagreement, "")]
+            peers = [r for r in others if r.drafter == run.drafter and len(r.steps)]
+            if peers:
+                fitted = fit_drafter(peers)["acceptance"]
+                disagreement, note = None, ""
+                if run.partial:
+                    disagreement = disagreement_from_runs([r for r in others if r.partial], runs)[0]
+                    note = "" if disagreement else "no other SpecPV run: default disagreement"
+                plans.append(("fitted", fitted, disagreement, note))
+        for prediction, fitted, disagreement, note in plans:
+            guess = predict(run, calibration, prediction, fitted, disagreement)
+            comparisons.append(Comparison(
+                run.name, run.method, run.drafter, run.batch, run.context_tokens, len(run.requests), prediction,
+                truth["tok_s"], guess["tok_s"], truth["speedup"], guess["speedup"], truth["decode_speedup"],
+                guess["decode_speedup"], truth["tpot_ms"],
+                guess["tpot_ms"], truth["tokens_per_step"], guess["tokens_per_step"], truth["share"],
+                guess["share"], len(run.repeat_tok_s) or 1,
+                max(run.repeat_tok_s) / min(run.repeat_tok_s) - 1 if run.repeat_tok_s else 0.0, note))
+    return comparisons
+
+
+# ---- reports --------------------------------------------------------------------------------------
+
+def aggregate(rows: list[Comparison]) -> list[dict]:
+    """Median, P90 and worst |error| per prediction and metric."""
+    out = []
+    for prediction in ("cost model", "replay", "fitted"):
+        mine = [r for r in rows if r.prediction == prediction]
+        if not mine:
+            continue
+        for metric in (*METRICS, "share"):
+            errors = np.array([abs(r.share_error) if metric == "share" else abs(r.error(metric))
+                               for r in mine if (metric == "share" or r.error(metric) is not None)])
+            if errors.size == 0:
+                continue
+            out.append({"prediction": prediction, "metric": metric, "runs": int(errors.size),
+                        "median": float(np.median(errors)), "p90": float(np.percentile(errors, 90)),
+                        "worst": float(errors.max())})
+    return out
 
 
 def format_comparisons(rows: list[Comparison]) -> str:
-    lines = [f"{'run':<36} {'method':<7} {'batch':>5} {'requests':>8} {'measured tok/s':>14} "
-             f"{'predicted tok/s':>15} {'error':>7}"]
+    pct = lambda x: "" if x is None else f"{x:+.1%}"
+    num = lambda x, f: "" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, f)
+    lines = [f"{'run':<32} {'prediction':<10} {'tok/s meas':>10} {'pred':>7} {'err':>7} {'speedup meas':>12} "
+             f"{'pred':>6} {'err':>7} {'tok/step meas':>13} {'pred':>6} {'TPOT err':>8} {'share':>6}"]
     for r in rows:
-        lines.append(f"{r.run:<36} {r.method:<7} {r.batch:>5} {r.requests:>8} {r.measured_tok_s:>14.2f} "
-                     f"{r.predicted_tok_s:>15.2f} {r.error:>+7.1%}")
+        lines.append(f"{r.run[:32]:<32} {r.prediction:<10} {r.measured_tok_s:>10.2f} {r.predicted_tok_s:>7.2f} "
+                     f"{pct(r.error('tok_s')):>7} {num(r.measured_speedup, '.3f'):>12} "
+                     f"{num(r.predicted_speedup, '.3f'):>6} {pct(r.error('speedup')):>7} "
+                     f"{r.measured_tokens_per_step:>13.2f} {r.predicted_tokens_per_step:>6.2f} "
+                     f"{pct(r.error('tpot_ms')):>8} {r.share_error:>6.1%}")
+    lines.append("")
+    lines.append(f"{'prediction':<10} {'metric':<16} {'runs':>4} {'median':>7} {'P90':>7} {'worst':>7}   |error|")
+    for a in aggregate(rows):
+        lines.append(f"{a['prediction']:<10} {a['metric']:<16} {a['runs']:>4} {a['median']:>7.1%} "
+                     f"{a['p90']:>7.1%} {a['worst']:>7.1%}")
     return "\n".join(lines)
+
+
+def comparisons_frame(rows: list[Comparison]):
+    import pandas as pd
+
+    return pd.DataFrame([r.row() for r in rows])
+
+
+def parity_html(rows: list[Comparison], title: str) -> str:
+    """A self-contained HTML page (plotly inlined, works offline): predicted against measured
+    throughput and speedup, one marker per run and prediction, the y = x line."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("throughput (tok/s)", "speedup over autoregressive"))
+    colors = {"cost model": "#636efa", "replay": "#00cc96", "fitted": "#ef553b"}
+    for col, metric in ((1, "tok_s"), (2, "speedup")):
+        values = [(getattr(r, f"measured_{metric}"), getattr(r, f"predicted_{metric}"), r)
+                  for r in rows if getattr(r, f"measured_{metric}") is not None]
+        if not values:
+            continue
+        lo = min(min(m, p) for m, p, _ in values) * 0.9
+        hi = max(max(m, p) for m, p, _ in values) * 1.1
+        fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", line={"color": "#888", "dash": "dash"},
+                                 name="y = x", showlegend=col == 1), row=1, col=col)
+        for prediction, color in colors.items():
+            mine = [(m, p, r) for m, p, r in values if r.prediction == prediction]
+            if not mine:
+                continue
+            fig.add_trace(go.Scatter(
+                x=[m for m, _, _ in mine], y=[p for _, p, _ in mine], mode="markers", name=prediction,
+                marker={"color": color, "size": 9}, showlegend=col == 1, legendgroup=prediction,
+                text=[f"{r.run}<br>{r.drafter}, batch {r.batch}, context {r.context:.0f}<br>"
+                      f"error {r.error(metric):+.1%}" for _, _, r in mine],
+                hovertemplate="%{text}<br>measured %{x:.3f}<br>predicted %{y:.3f}<extra></extra>"), row=1, col=col)
+        fig.update_xaxes(title_text="measured", row=1, col=col)
+        fig.update_yaxes(title_text="predicted", row=1, col=col)
+    fig.update_layout(title=title, width=1100, height=520, template="plotly_white")
+    return fig.to_html(include_plotlyjs=True, full_html=True)

@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from sim.cost.batch import DRAFT, OVERHEAD, PARTIAL, SELECTION, Group
+from sim.cost.batch import DRAFT, OVERHEAD, PARTIAL, PREFILL, SELECTION, Group
 from sim.cost.bundle import Bundle, check_bundle, load_bundle
 from sim.cost.roofline import RooflineCostModel
 from sim.cost.stack import Stack, quantized_weight_bytes
@@ -103,6 +103,25 @@ class _Priced:
         return self.prefill(query, max(kv, query))
 
 
+class _BlackBox:
+    """A target priced by whole forwards of an engine timed from outside (`profiler calibrate
+    --engine hf`): engine_forward (requests, query tokens, KV tokens) and engine_prefill
+    (requests, prompt tokens); nothing inside a forward is known."""
+
+    def __init__(self, bundle: Bundle):
+        self.forward = bundle.table("engine_forward")
+        self.prefill = bundle.table("engine_prefill")
+        self.query_max = float(self.forward.axes[1][-1])
+
+    def group_s(self, group: Group) -> float:
+        n = max(group.requests, 1)
+        q = group.tokens / n
+        kv = group.kv_tokens_sum / n
+        if group.phase == PREFILL or q > self.query_max:
+            return self.prefill(n, q)
+        return self.forward(n, q, max(kv, q))
+
+
 class CalibratedCostModel(RooflineCostModel):
     """RooflineCostModel's interface with measured terms (see the module docstring)."""
 
@@ -144,6 +163,12 @@ class CalibratedCostModel(RooflineCostModel):
             if stack.name != "shadow" or stack.weight_bytes != self.shadow_bytes:
                 same_shape = False
         lm_head = stack.lm_head_vocab in (0, m.vocab)
+        if self.bundle.table("engine_forward") is not None:
+            if same_shape and prefix == "linear" and stack.name == "target" and stack.layers == m.layers:
+                return _BlackBox(self.bundle)
+            self.warnings.append(f"stack {stack.name} priced by the roofline model (the bundle times "
+                                 f"{self.bundle.meta.get('engine')} forwards of the target only)")
+            return None
         needed = [f"{prefix}.{n}" for n, _, _ in stack.linears] if stack.layers else []
         needed += ["elementwise", "attention", "attention_prefill"] + (["lm_head"] if lm_head and stack.lm_head_vocab else [])
         missing = [n for n in needed if self.bundle.table(n) is None]
@@ -159,6 +184,8 @@ class CalibratedCostModel(RooflineCostModel):
         return _Priced(stack, self._cost_of(stack), self.bundle, prefix, lm_head)
 
     def needs_kv_tokens(self, stack: Stack, query: int) -> bool:
+        if isinstance(self.priced(stack), _BlackBox):
+            return False
         if self.priced(stack) is None:
             return super().needs_kv_tokens(stack, query)
         return stack.kv_window is not None
@@ -169,6 +196,14 @@ class CalibratedCostModel(RooflineCostModel):
         if p is None:
             return super().forward(stack, groups, shares, offloaded_layers=offloaded_layers,
                                    kv_offloaded=kv_offloaded, repeat=repeat)
+        if isinstance(p, _BlackBox):
+            seconds = 0.0
+            for g in groups:
+                if g.tokens:
+                    own = p.group_s(g)
+                    shares[g.phase] += own * repeat
+                    seconds += own
+            return seconds * repeat
         tokens = sum(g.tokens for g in groups)
         logits = sum(g.logits_tokens for g in groups)
         if tokens == 0:
@@ -203,16 +238,22 @@ class CalibratedCostModel(RooflineCostModel):
                             repeat=repeat)
 
     def selection(self, stack: Stack, requests: int, context_sum: int, query_tokens_sum: int,
-                  budget_tokens: int, block_tokens: int, shares: list[float]) -> float:
-        """Block summaries of the context and one selection, in every layer (the measured ops)."""
+                  budget_tokens: int, block_tokens: int, shares: list[float], part: str = "refresh") -> float:
+        """Block summaries of the context and/or one selection, in every layer (the measured ops):
+        part "refresh" both, "summaries" or "scores" one of them (see RooflineCostModel.selection)."""
         summaries, select = self.bundle.table("summaries"), self.bundle.table("selection")
         if requests == 0:
             return 0.0
         if summaries is None or select is None or self.priced(stack) is None:
             return super().selection(stack, requests, context_sum, query_tokens_sum, budget_tokens, block_tokens,
-                                     shares)
+                                     shares, part)
         context = context_sum / requests
-        seconds = stack.layers * (summaries(requests, context) + select(requests, context, budget_tokens))
+        per_layer = ((summaries(requests, context) if part != "scores" else 0.0)
+                     + (select(requests, context, budget_tokens) if part != "summaries" else 0.0))
+        # Selection runs inside the forward's layers, between its other operators: slower than
+        # alone by the same whole-forward factor.
+        scale = self.forward_factor(query_tokens_sum, context) if self.forward_factor is not None else 1.0
+        seconds = stack.layers * per_layer * scale
         shares[SELECTION] += seconds
         return seconds
 

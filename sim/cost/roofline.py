@@ -290,20 +290,26 @@ class RooflineCostModel:
         return terms
 
     def selection(self, stack: Stack, requests: int, context_sum: int, query_tokens_sum: int,
-                  budget_tokens: int, block_tokens: int, shares: list[float]) -> float:
-        """SpecPV block re-selection in every layer: score block summaries, top-k, gather the budget.
+                  budget_tokens: int, block_tokens: int, shares: list[float], part: str = "refresh") -> float:
+        """SpecPV block selection in every layer.
 
-        Reads each block's key max and min, multiplies them by the step's queries, and copies the
-        selected blocks' K and V into the partial cache (read + write).
+        part "refresh" (a full verification re-selecting for the partial steps that follow): read
+        each block's key max and min, score them with the step's queries, and copy the selected
+        blocks' K and V into the partial cache (read + write). "summaries": only take the blocks'
+        key max and min (read the context's keys once). "scores": score and pick without copying
+        (the partial attention then reads the chosen positions where they are).
         """
         if requests == 0:
             return 0.0
         c = self._cost_of(stack)
         blocks = context_sum / block_tokens
         summary_bytes = 2 * blocks * c.attn_bytes_per_kv          # k_max and k_min, K side only
-        gather_bytes = 2 * requests * budget_tokens * c.attn_bytes_per_kv
-        flops = 2 * c.attn_flops_per_q_kv / 2 * blocks * max(query_tokens_sum / requests, 1)
-        per_layer = max(flops / c.flops_s, (summary_bytes + gather_bytes) / c.bytes_s)
+        if part == "summaries":
+            per_layer = (context_sum * c.attn_bytes_per_kv / 2 + summary_bytes) / c.bytes_s
+        else:
+            gather_bytes = 2 * requests * budget_tokens * c.attn_bytes_per_kv if part == "refresh" else 0.0
+            flops = 2 * c.attn_flops_per_q_kv / 2 * blocks * max(query_tokens_sum / requests, 1)
+            per_layer = max(flops / c.flops_s, (summary_bytes + gather_bytes) / c.bytes_s)
         seconds = c.layers * (per_layer + self.engine.layer_overhead_s)
         shares[SELECTION] += seconds
         return seconds

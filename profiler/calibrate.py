@@ -185,6 +185,13 @@ def calibrate_command(args) -> int:
     if args.engine == "hf":
         from profiler.hf_engine import calibrate_hf
 
+        if args.threads is not None and args.threads < 1:
+            raise ScenarioError("--threads", f"{args.threads} must be at least 1")
+        if args.rounds is not None and args.rounds < 1:
+            raise ScenarioError("--rounds", f"{args.rounds} must be at least 1")
+        for flag, value in (("--operators", args.operators), ("--refit", args.refit)):
+            if value is not None:
+                raise ScenarioError(flag, "applies to the live engine's operators, not to --engine hf")
         return calibrate_hf(args)
 
     if args.threads is not None:

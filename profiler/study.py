@@ -86,7 +86,6 @@ def live_argv(run: dict, defaults: dict, text: Path | None, out: Path) -> list[s
 
 def parse_runs(study: dict, text: Path | None, out: Path, only: list[str] | None) -> list[tuple[str, argparse.Namespace]]:
     """Every run's parsed and checked live arguments, before any run starts."""
-    from sim.cli import OneLineParser
     from profiler.live import add_live_arguments, check_arguments
 
     runs = [r for r in study["runs"] if only is None or r["name"] in only]

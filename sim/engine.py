@@ -57,11 +57,12 @@ class _DecodeSlots:
     Every field is a row of one [fields, capacity] array, so adding or removing a request is one
     numpy assignment whatever the number of fields.
     """
-    FIELDS = ("rid", "ctx", "finish", "steps", "last", "since", "steps_since", "selected", "admit")
+    FIELDS = ("rid", "ctx", "finish", "steps", "last", "since", "steps_since", "selected", "admit", "final")
     # rid: request id; ctx: tokens with positions (prompt + committed output); finish: ctx at which
     # the request is done; steps: verification steps taken; last: tokens the previous step
     # committed; since / steps_since: SpecPV tokens and partial steps since the last refresh;
-    # selected: SpecPV partial cache holds a selection (0/1); admit: admission order (preemption).
+    # selected: SpecPV partial cache holds a selection (0/1); admit: admission order (preemption);
+    # final: SpecPV rectify's last check before the request ends is due (0/1).
 
     def __init__(self, capacity: int):
         self.n = 0
@@ -70,7 +71,7 @@ class _DecodeSlots:
             setattr(self, name, self.state[row])
 
     def add(self, rid: int, ctx: int, finish: int, admit: int) -> None:
-        self.state[:, self.n] = (rid, ctx, finish, 0, 1, 0, 0, 0, admit)
+        self.state[:, self.n] = (rid, ctx, finish, 0, 1, 0, 0, 0, admit, 0)
         self.n += 1
 
     def remove(self, i: int) -> None:
@@ -219,6 +220,8 @@ class EngineSimulation:
         if self.speculative:
             seconds += self.price_drafts(n, ctx, ctx_sum, shares)
         if self.partial is not None:
+            # Replayed proposal lengths are not applied here: the live engine's drafters always
+            # propose k tokens (its n-gram drafter repeats the last token when nothing matches).
             groups = [prefill] if prefill is not None else []
             seconds += self.plan_partial_verify(n, ctx, groups, plan, shares)
         else:
@@ -328,6 +331,7 @@ class EngineSimulation:
                 unchecked = done & (s.since[:n] > 0)
                 if unchecked.any():
                     s.selected[:n][unchecked] = 0
+                    s.final[:n][unchecked] = 1
                     done &= ~unchecked
             if np.count_nonzero(done):      # far cheaper than done.any() on small arrays
                 self.finish_requests(now, done.nonzero()[0])
@@ -369,12 +373,15 @@ class EngineSimulation:
                         first_bad = np.floor(np.log(u) / np.log1p(-np.minimum(p, 1 - 1e-12)))
                     rollback = since - np.minimum(first_bad, since).astype(_INT)
                 bad = rollback > 0
-                if bad.any():
+                final = s.final[:n][full] == 1
+                if bad.any() or final.any():
                     # Keep the tokens before the disagreement, replace it by the target's token and
-                    # discard the rest of the buffer together with this step's drafts.
+                    # discard the rest of the buffer together with this step's drafts; a request's
+                    # last check commits nothing new when nothing disagrees (it is already done).
                     committed = committed.copy()
-                    committed[full] = np.where(bad, 1 - rollback, committed[full])
+                    committed[full] = np.where(bad, 1 - rollback, np.where(final, 0, committed[full]))
                     record.rolled_back_tokens += int(rollback.sum())
+                s.final[:n][full] = 0
             s.since[:n][full] = 0
             s.steps_since[:n][full] = 0
             s.selected[:n][full] = 1

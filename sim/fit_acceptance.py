@@ -246,22 +246,25 @@ def read_vllm_metrics(path: Path) -> dict:
         raise ScenarioError("--vllm", f"{path} has no speculative decoding counters (vllm:spec_decode_*)")
     depth = max(len(p) for _, p in records)
     total = np.zeros(depth + 1)
-    rates, weights = [], []
+    rates, trials = [], []
     for drafts, per_pos in records:
         counts = np.array([drafts] + per_pos + [0.0] * (depth - len(per_pos)))
         total += counts
         if drafts > 0:
-            accepted = counts[1:].sum()
+            accepted = sum(per_pos)
             # Per-token rate of this record: accepted over accepted plus one rejection per draft
-            # that stopped short of the full depth.
-            tried = accepted + drafts - counts[depth]
-            rates.append(accepted / tried if tried else 0.0)
-            weights.append(drafts)
+            # that stopped short of the record's own depth.
+            tried = accepted + drafts - (per_pos[-1] if per_pos else 0.0)
+            if tried > 0:
+                rates.append(accepted / tried)
+                trials.append(tried)
     spread = 0.0
     if len(rates) >= 2:
-        rates, weights = np.array(rates), np.array(weights)
-        mean = np.average(rates, weights=weights)
-        spread = math.sqrt(max(np.average((rates - mean) ** 2, weights=weights), 0.0))
+        # As for live runs: the spread between records, less the binomial noise of each.
+        rates, trials = np.array(rates), np.array(trials)
+        mean = np.average(rates, weights=trials)
+        between = np.average((rates - mean) ** 2, weights=trials) - np.mean(rates * (1 - rates) / trials)
+        spread = math.sqrt(max(between, 0.0))
     return {"method": "vllm", "acceptance": {"per_position": [round(r, 4) for r in rates_from_counts(total)],
                                              "request_spread": round(spread, 4), "context_slope": 0.0},
             "runs": [str(path)], "steps": int(total[0]),

@@ -273,8 +273,8 @@ def compare_runs(runs: list[LiveRun], calibration: Path | None, progress: bool =
             plans = [("cost model", None, None, "")]
         else:
             others = [r for r in runs if r is not run]
-            own_disagreement = disagreement_from_runs([run], runs)[0] if run.partial else None
-            plans = [("replay", None, own_disagreement, "")]
+            # Replay takes the run's own roll-backs; disagreement only counts divergent tokens.
+            plans = [("replay", None, None, "")]
             peers = [r for r in others if r.drafter == run.drafter and len(r.steps)]
             if peers:
                 fitted = fit_drafter(peers)["acceptance"]
@@ -305,6 +305,8 @@ def aggregate(rows: list[Comparison]) -> list[dict]:
         if not mine:
             continue
         for metric in (*METRICS, "share"):
+            if prediction == "cost model" and metric == "tokens_per_step":
+                continue            # one token per step by definition
             errors = np.array([abs(r.share_error) if metric == "share" else abs(r.error(metric))
                                for r in mine if (metric == "share" or r.error(metric) is not None)])
             if errors.size == 0:
@@ -365,7 +367,8 @@ def parity_html(rows: list[Comparison], title: str) -> str:
                 x=[m for m, _, _ in mine], y=[p for _, p, _ in mine], mode="markers", name=prediction,
                 marker={"color": color, "size": 9}, showlegend=col == 1, legendgroup=prediction,
                 text=[f"{r.run}<br>{r.drafter}, batch {r.batch}, context {r.context:.0f}<br>"
-                      f"error {r.error(metric):+.1%}" for _, _, r in mine],
+                      f"error {'-' if r.error(metric) is None else format(r.error(metric), '+.1%')}"
+                      for _, _, r in mine],
                 hovertemplate="%{text}<br>measured %{x:.3f}<br>predicted %{y:.3f}<extra></extra>"), row=1, col=col)
         fig.update_xaxes(title_text="measured", row=1, col=col)
         fig.update_yaxes(title_text="predicted", row=1, col=col)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,10 @@ def validate_command(args) -> int:
     from sim.live_runs import read_runs
     from sim.validate import compare_runs, comparisons_frame, format_comparisons, parity_html
 
+    if args.study is None:
+        for flag, value in (("--docs", args.docs), ("--text", args.text), ("--repeats", args.repeats)):
+            if value is not None:
+                raise ScenarioError(flag, "applies to a study: give --study NAME")
     study = None
     if args.study is not None:
         study, run_dirs = run_study(args)
@@ -108,7 +111,10 @@ def update_docs(path: Path, study: dict, rows, args, calibration) -> None:
     table = markdown_tables(rows, command)
     head, rest = text.split(begin, 1)
     _, tail = rest.split(end, 1)
-    write_atomic(path, head + begin + "\n" + table + "\n" + end + tail)
+    try:
+        write_atomic(path, head + begin + "\n" + table + "\n" + end + tail)
+    except OSError as exc:
+        raise ScenarioError("--docs", f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def markdown_tables(rows, command: str) -> str:

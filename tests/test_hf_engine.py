@@ -30,7 +30,6 @@ def test_transformers_prompt_lookup_is_recorded_and_predicted(tmp_path):
     steps = pd.read_parquet(runs["ngram"] / "steps.parquet")
     requests = pd.read_parquet(runs["ngram"] / "requests.parquet")
     assert (steps.accepted <= steps.drafted).all() and (steps.drafted <= 4).all()
-    assert (steps.query_tokens == steps.drafted + 1).all()
     # Every output token came from the first forward or a recorded step.
     for rid, own in steps.groupby("request"):
         produced = int(own.committed.sum())

@@ -5,7 +5,6 @@ import math
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -100,18 +99,53 @@ def test_vllm_prometheus_counters_give_per_position_rates(tmp_path):
     assert read_vllm_metrics(per_request)["acceptance"]["request_spread"] > 0.2
 
 
-def test_replay_commits_exactly_the_recorded_tokens():
+REPLAY_SCENARIO = {"hardware": "cpu", "model": "smollm2-135m", "dtype": "fp32",
+                   "scheduler": {"max_batch": 2, "prefill_chunk": 128},
+                   "speculation": {"method": "ngram", "num_speculative_tokens": 4,
+                                   "acceptance": {"tokens_per_step": 2.0}}}
+
+
+def replay_scenario(outputs, prompt=64, **speculation):
+    return {**REPLAY_SCENARIO, "workload": {"arrival": "closed", "concurrency": len(outputs), "requests": len(outputs),
+                                            "prompt_tokens": prompt, "output_tokens": outputs},
+            "speculation": {**REPLAY_SCENARIO["speculation"], **speculation}}
+
+
+def test_replay_commits_exactly_the_recorded_tokens_in_order():
     recorded = [np.array([4, 0, 2, 3, 1, 4]), np.array([1, 1, 0, 4, 4, 2])]
-    outputs = [1 + int(a.sum() + len(a)) for a in recorded]
-    scenario = {"hardware": "cpu", "model": "smollm2-135m", "dtype": "fp32",
-                "workload": {"arrival": "closed", "concurrency": 2, "requests": 2, "prompt_tokens": [64, 64],
-                             "output_tokens": outputs},
-                "scheduler": {"max_batch": 2, "prefill_chunk": 128},
-                "speculation": {"method": "ngram", "num_speculative_tokens": 4, "acceptance": {"tokens_per_step": 2.0}}}
-    result = simulate(scenario, acceptance=lambda config, n, rng: ReplayAcceptance(recorded, 4))
-    committed = sum(int(a.sum() + len(a)) for a in recorded)
-    assert result.run.tokens_per_step == pytest.approx(committed / sum(len(a) for a in recorded))
-    assert result.run.iterations == 1 + 6           # the prefill, then six verification steps
+    # Outputs end inside the sequences: the first token comes from the prefill, then steps
+    # commit 5, 1, 3, 4 (request 0) and 2, 2, 1, 5 (request 1).
+    result = simulate(replay_scenario([1 + 13, 1 + 10]),
+                      acceptance=lambda config, n, rng: ReplayAcceptance(recorded, 4))
+    assert result.run.tokens_per_step_histogram == {1: 2, 2: 2, 3: 1, 4: 1, 5: 2}
+    assert result.run.iterations == 1 + 4            # the prefill, then four verification steps
+
+
+def test_replay_indexes_roll_backs_and_proposal_lengths_by_step():
+    model = ReplayAcceptance([np.array([1, 2, 3])], 4, rolled_back=[np.array([0, 5, 7])],
+                             drafted=[np.array([4, 0, 2])])
+    rids, steps = np.array([0, 0, 0, 0]), np.array([0, 1, 2, 3])
+    assert model.rolled_back(rids, steps).tolist() == [0, 5, 7, 0]       # cyclic past the end
+    assert model.verify_tokens(rids, steps).tolist() == [5, 1, 3, 5]
+    assert ReplayAcceptance([np.array([1])], 4).verify_tokens is None     # full proposals: no override
+    # A replay whose drafter proposed nothing verifies one token a step: cheaper steps.
+    accepted = [np.zeros(30, np.int64)]
+    full = simulate(replay_scenario([31]), acceptance=lambda c, n, rng: ReplayAcceptance(accepted, 4))
+    short = simulate(replay_scenario([31]), acceptance=lambda c, n, rng: ReplayAcceptance(
+        accepted, 4, drafted=[np.zeros(30, np.int64)]))
+    assert short.run.makespan_s < full.run.makespan_s
+
+
+def test_replayed_rectify_rolls_back_what_was_recorded():
+    accepted = [np.full(200, 2)]
+    rolled = [np.ones(200, np.int64)]          # every full verification discards one token
+    scenario = replay_scenario([80], prompt=2000, partial_verify={"budget": 256, "period": 2, "period_unit": "steps",
+                                                                  "rectify": True})
+    result = simulate(scenario, acceptance=lambda c, n, rng: ReplayAcceptance(accepted, 4, rolled_back=rolled))
+    pv = result.partial_verify
+    # The first full verification has nothing to re-check; each later one rolls back one token.
+    assert pv["rolled_back_tokens"] == pv["full_verifications"] - 1 > 0
+    assert pv["divergent_tokens"] == 0.0
 
 
 def test_rectify_rechecks_partial_tokens_before_a_request_ends():

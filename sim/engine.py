@@ -99,6 +99,7 @@ class EngineSimulation:
         self.partial = spec.partial_verify if self.speculative else None
         self.final_check = self.partial is not None and self.partial.rectify
         self.replayed_lengths = getattr(acceptance, "verify_tokens", None) if self.speculative else None
+        self.pad_ragged = scenario.scheduler.pad_ragged
         self.max_batch = min(scenario.scheduler.max_batch, memory.max_running or scenario.scheduler.max_batch)
         self.prefill_chunk = scenario.scheduler.prefill_chunk
         self.reserve_tokens = memory.partial_cache_tokens
@@ -295,6 +296,14 @@ class EngineSimulation:
             seconds += self.cost.selection(self.stacks.target, len(q), int(kv.sum()), int(q.sum()),
                                            pv.budget, pv.block, shares,
                                            part="refresh" if pv.reselect == "refresh" else "summaries")
+            if self.pad_ragged:
+                # A static-shape engine runs every row of this step at the longest row's tokens.
+                first = len(groups) - int(plain.any()) - int(partial.any()) - 1
+                longest = int(q.max())
+                for i in range(first, len(groups)):
+                    g = groups[i]
+                    groups[i] = g._replace(tokens=g.requests * longest, query_max=longest,
+                                           query_tokens=None if g.query_tokens is None else np.full(g.requests, longest))
         return seconds
 
     def commit(self, chunks, plan) -> None:

@@ -218,6 +218,9 @@ class Scheduler(Strict):
     max_batch: PositiveInt = 256
     prefill_chunk: PositiveInt = 512
     kv_memory_fraction: float = Field(default=0.9, gt=0.0, le=1.0)
+    # Static-shape engines (gpt-fast, profiler live) run every row of a verification forward at the
+    # longest row's token count; ragged-batch engines (vLLM, SGLang) run each row's own tokens.
+    pad_ragged: bool = False
 
 
 class Slo(Strict):

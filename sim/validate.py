@@ -153,8 +153,10 @@ def batch_scenarios(run: LiveRun, calibration: Path | None, speculation: dict | 
             "calibration": str(calibration) if calibration is not None else None,
             "workload": {"arrival": "closed", "concurrency": len(chunk), "requests": len(chunk),
                          "prompt_tokens": prompts, "output_tokens": outputs},
-            # The live engine prefills a whole batch in one forward.
-            "scheduler": {"max_batch": len(chunk), "prefill_chunk": sum(prompts)},
+            # The live engine prefills a whole batch in one forward, and pads a step's rows to
+            # the longest (profiler.speculative lays every row out at T tokens).
+            "scheduler": {"max_batch": len(chunk), "prefill_chunk": sum(prompts),
+                          "pad_ragged": run.meta.get("engine") is None},
             "seed": int(run.meta.get("seed", 0))}
         if speculation is not None:
             scenario["speculation"] = speculation

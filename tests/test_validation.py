@@ -222,3 +222,15 @@ def test_smoke_study_end_to_end_replays_and_fits(tmp_path):
     scenario = {"hardware": "cpu", "model": "smollm2-135m", "dtype": "fp32",
                 "speculation": {"method": "ngram", "num_speculative_tokens": 4, "acceptance": block}}
     assert simulate(scenario).run.tokens_per_step > 1.0           # the fitted block is a valid scenario block
+
+
+def test_static_shape_padding_makes_mixed_specpv_steps_cost_more():
+    def makespan(pad):
+        scenario = {"hardware": "h100-sxm", "model": "llama-3.1-8b",
+                    "workload": {"arrival": "closed", "concurrency": 8, "requests": 16, "prompt_tokens": 8192,
+                                 "output_tokens": 256},
+                    "scheduler": {"pad_ragged": pad},
+                    "speculation": {"method": "ngram", "num_speculative_tokens": 4, "acceptance": {"rate": 0.7},
+                                    "partial_verify": {"budget": 1024, "period": 24}}}
+        return simulate(scenario).run.makespan_s
+    assert makespan(True) > makespan(False) * 1.01

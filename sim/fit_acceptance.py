@@ -268,4 +268,4 @@ def read_vllm_metrics(path: Path) -> dict:
     return {"method": "vllm", "acceptance": {"per_position": [round(r, 4) for r in rates_from_counts(total)],
                                              "request_spread": round(spread, 4), "context_slope": 0.0},
             "runs": [str(path)], "steps": int(total[0]),
-            "tokens_per_step": round(1 + total[1:].sum() / total[0], 4)}
+            "tokens_per_step": round(float(1 + total[1:].sum() / total[0]), 4)}

@@ -151,6 +151,15 @@ def markdown_tables(rows, command: str) -> str:
     return "\n".join(lines)
 
 
+def plain(value):
+    """numpy scalars as Python numbers, so the YAML holds only plain types."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value.item() if hasattr(value, "item") and not isinstance(value, (str, bytes)) else value
+
+
 def fit_acceptance_command(args) -> int:
     from sim.cli import write_atomic
     from sim.fit_acceptance import disagreement_from_runs, fit_drafters, read_vllm_metrics
@@ -174,7 +183,7 @@ def fit_acceptance_command(args) -> int:
     if observations:
         document["partial_verify"] = {"disagreement": disagreement, "observations": observations}
     try:
-        write_atomic(args.out, yaml.safe_dump(document, sort_keys=False, width=110))
+        write_atomic(args.out, yaml.safe_dump(plain(document), sort_keys=False, width=110))
     except OSError as exc:
         raise ScenarioError("--out", f"cannot write {args.out}: {exc.strerror or exc}") from None
     for label, fit in drafters.items():

@@ -97,6 +97,13 @@ def test_vllm_prometheus_counters_give_per_position_rates(tmp_path):
     per_request.write_text("".join(json.dumps({"num_drafts": 100, "num_accepted_tokens_per_pos": pos}) + "\n"
                                    for pos in ([90, 80, 70], [30, 10, 5])))
     assert read_vllm_metrics(per_request)["acceptance"]["request_spread"] > 0.2
+    out = tmp_path / "acceptance.yaml"
+    proc = subprocess.run([sys.executable, "-m", "sim", "fit-acceptance", "--vllm", scrape, "-o", out], cwd=REPO,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    block = yaml.safe_load(out.read_text())["drafters"]["vllm metrics.txt"]["acceptance"]
+    scenario = {"speculation": {"method": "eagle", "num_speculative_tokens": 3, "acceptance": block}}
+    assert simulate(scenario).run.tokens_per_step > 1.0
 
 
 REPLAY_SCENARIO = {"hardware": "cpu", "model": "smollm2-135m", "dtype": "fp32",

@@ -15,24 +15,20 @@ def main(argv=None) -> int:
     from profiler.hf_engine import add_hf_live_arguments, hf_live_command
     from profiler.study import add_study_arguments, study_command
 
-    live = commands.add_parser("live", help="real speculative decoding on a real model, every step recorded",
-                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_live_arguments(live)
-    live.set_defaults(run=live_command)
-    study = commands.add_parser("study", help="the live runs of a validation study, the model loaded once")
-    add_study_arguments(study)
-    study.set_defaults(run=study_command)
-    hf_live = commands.add_parser("hf-live", help="Hugging Face transformers' own generate (prompt lookup), "
-                                                  "recorded as a live run")
-    add_hf_live_arguments(hf_live)
-    hf_live.set_defaults(run=hf_live_command)
-    calibrate = commands.add_parser("calibrate", help="time the engine's operators on this device; write a bundle",
-                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_calibrate_arguments(calibrate)
-    calibrate.set_defaults(run=calibrate_command)
-    inspect = commands.add_parser("inspect", help="achieved bandwidth and FLOP rate of a bundle's operators")
-    add_inspect_arguments(inspect)
-    inspect.set_defaults(run=inspect_command)
+    for name, text, add_arguments, run in (
+            ("live", "real speculative decoding on a real model, every step recorded", add_live_arguments,
+             live_command),
+            ("study", "the live runs of a validation study, the model loaded once", add_study_arguments,
+             study_command),
+            ("hf-live", "Hugging Face transformers' own generate (prompt lookup), recorded as a live run",
+             add_hf_live_arguments, hf_live_command),
+            ("calibrate", "time the engine's operators on this device; write a bundle", add_calibrate_arguments,
+             calibrate_command),
+            ("inspect", "achieved bandwidth and FLOP rate of a bundle's operators", add_inspect_arguments,
+             inspect_command)):
+        command = commands.add_parser(name, help=text, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        add_arguments(command)
+        command.set_defaults(run=run)
     args = parser.parse_args(argv)
     try:
         return args.run(args)

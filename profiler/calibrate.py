@@ -444,7 +444,7 @@ def fit_engine_overheads(config, dtype, device, model_name, dtype_name, hardware
 
     from profiler.loaders import random_model
     from profiler.speculative import speculative_generate
-    from profiler.timing import time_call
+    from profiler.timing import time_call, timed_forwards
     from sim.cost.batch import DECODE, PHASES, PREFILL, VERIFY, Group
     from sim.cost.bundle import load_bundle
     from sim.cost.calibrated import CalibratedCostModel
@@ -511,22 +511,10 @@ def fit_engine_overheads(config, dtype, device, model_name, dtype_name, hardware
 
     # Host time per step: a decoding run's wall time minus its forwards (timed by hooks on the
     # model, synchronized) minus the acceptance the cost model adds on its own.
-    forward_s: list[float] = []
-    started: list[float] = []
-
-    def before(module, inputs):
-        sync()
-        started.append(time.perf_counter())
-
-    def after(module, inputs, output):
-        sync()
-        forward_s.append(time.perf_counter() - started.pop())
-
-    hooks = [model.register_forward_pre_hook(before), model.register_forward_hook(after)]
     accept = cost.bundle.table("accept")
     batches, host = ([1, 4, 16], []) if quick else ([1, 2, 4, 8, 16], [])
     prompt_tokens, new_tokens = 128, 12 if quick else 24
-    try:
+    with timed_forwards(model, sync) as forward_s:
         for batch in batches:
             prompts = torch.randint(0, config.vocab, (batch, prompt_tokens), generator=generator).tolist()
             per_step = []
@@ -536,9 +524,6 @@ def fit_engine_overheads(config, dtype, device, model_name, dtype_name, hardware
                 steps = len({s.step for s in gen.steps})
                 per_step.append((gen.wall_s - gen.prefill_s - sum(forward_s[1:])) / steps)
             host.append(float(np.median(per_step)) - (accept(batch, 1) if accept is not None else 0.0))
-    finally:
-        for hook in hooks:
-            hook.remove()
     slope, intercept = np.polyfit(batches, host, 1)
     fits = {"forward_factor": {"tokens": tokens_axis, "kv": kv_axis, "factor": factor},
             "step_overhead_s": max(0.0, float(intercept)), "request_overhead_s": max(0.0, float(slope)),

@@ -22,11 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
-import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 from sim.errors import ScenarioError
@@ -120,14 +117,11 @@ def calibrate_hf(args) -> int:
     """`profiler calibrate --engine hf`: the black-box bundle (see the module docstring)."""
     import numpy as np
     import pandas as pd
-    import torch
     from tqdm import tqdm
 
-    from profiler.calibrate import _cpu_model, hardware_name, write_bundle
+    from profiler.calibrate import _cpu_model, bundle_meta, every_other, resolve_config, write_bundle
     from profiler.timing import time_call
-    from sim.cost.bundle import COLUMNS, MODEL_FIELDS, SCHEMA_VERSION, model_hash
-    from sim.presets.models import MODELS
-    from sim.simulate import git_revision
+    from sim.cost.bundle import COLUMNS
 
     if args.device not in ("auto", "cpu") or (args.dtype not in ("auto", "fp32")) or args.model != "smollm2":
         raise ScenarioError("--engine", "hf calibrates transformers' SmolLM2 in fp32 on the CPU (--model smollm2)")
@@ -136,7 +130,7 @@ def calibrate_hf(args) -> int:
     started = time.perf_counter()
     model, path = load_hf_smollm2(args.threads)
     quick = args.quick
-    pick = (lambda axis: axis[::2] if axis[::2][-1] == axis[-1] else axis[::2] + [axis[-1]]) if quick else (lambda a: a)
+    pick = every_other if quick else (lambda axis: axis)
     grid = {"engine_forward": {"batch": HF_BATCH, "query": pick(HF_QUERY), "kv": pick(HF_KV)},
             "engine_prefill": {"batch": HF_BATCH, "tokens": pick(HF_PREFILL)},
             "ngram": {"context": HF_CONTEXT}}
@@ -183,24 +177,13 @@ def calibrate_hf(args) -> int:
                     "flops": np.nan, "bytes_moved": np.nan, **p})
         rows.append(row)
     frame = pd.DataFrame(rows)[list(COLUMNS)]
-    fits = fit_generate_overhead(model, frame, grid, args.seed, quick)
-    spec = MODELS["smollm2-135m"]
-    device_name = _cpu_model()
-    meta = {
-        "schema_version": SCHEMA_VERSION, "engine": ENGINE,
-        "device": {"kind": "cpu", "name": device_name,
-                   "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 1),
-                   "hardware": hardware_name(device_name, False)},
-        "cpu": {"model": device_name, "threads": torch.get_num_threads(), "cores": os.cpu_count()},
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                     "python": platform.python_version()},
-        "dtype": "fp32",
-        "model": {"name": "smollm2-135m", "hash": model_hash(spec), "source": str(path),
-                  **{f: getattr(spec, f) for f in MODEL_FIELDS}},
-        "grid": {op: {"dims": list(axes), "axes": axes} for op, axes in grid.items()},
-        "rounds": rounds, "quick": bool(quick), "seed": args.seed,
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "git_revision": git_revision(),
-        "fits": fits, "held_out": {}, "duration_s": round(time.perf_counter() - started, 1)}
+    fits = fit_generate_overhead(model, args.seed, quick)
+    config, model_name = resolve_config("smollm2")
+    meta = bundle_meta(args, config, model_name, "fp32", "cpu", _cpu_model(), grid, rounds)
+    meta["engine"] = ENGINE
+    meta["versions"]["transformers"] = transformers.__version__
+    meta["model"]["source"] = str(path)
+    meta.update(fits=fits, held_out={}, duration_s=round(time.perf_counter() - started, 1))
     out = args.out or Path("calibration") / "cpu-hf" / "smollm2-135m"
     write_bundle(out, frame, meta)
     print(f"{out}: transformers {transformers.__version__} black box, {len(points)} points x {rounds} rounds in "
@@ -209,20 +192,18 @@ def calibrate_hf(args) -> int:
     return 0
 
 
-def fit_generate_overhead(model, frame, grid, seed: int, quick: bool) -> dict:
+def fit_generate_overhead(model, seed: int, quick: bool) -> dict:
     """generate()'s host time per step: greedy generation at batch 1, 2 and 4 minus its forwards
     (timed by hooks), as fixed + per request."""
     import numpy as np
     import torch
 
-    forward_s: list[float] = []
-    started: list[float] = []
-    hooks = [model.register_forward_pre_hook(lambda m, a: started.append(time.perf_counter())),
-             model.register_forward_hook(lambda m, a, o: forward_s.append(time.perf_counter() - started.pop()))]
+    from profiler.timing import timed_forwards
+
     g = torch.Generator().manual_seed(seed)
     batches, host = [1, 2, 4], []
     new_tokens = 12 if quick else 24
-    try:
+    with timed_forwards(model) as forward_s:
         for batch in batches:
             ids = torch.randint(0, model.config.vocab_size, (batch, 128), generator=g)
             per_step = []
@@ -236,9 +217,6 @@ def fit_generate_overhead(model, frame, grid, seed: int, quick: bool) -> dict:
                 steps = out.shape[1] - ids.shape[1] - 1
                 per_step.append((wall - sum(forward_s)) / max(steps, 1))
             host.append(float(np.median(per_step)))
-    finally:
-        for hook in hooks:
-            hook.remove()
     slope, intercept = np.polyfit(batches, host, 1)
     return {"step_overhead_s": max(0.0, float(intercept)), "request_overhead_s": max(0.0, float(slope)),
             "step_host_s": dict(zip(map(str, batches), host))}
@@ -286,10 +264,13 @@ class StepRecorder:
 def hf_live_command(args) -> int:
     import pandas as pd
     import torch
+    import transformers
+    import transformers.generation.utils as generation_utils
 
     from profiler.calibrate import resolve_config
-    from profiler.live import long_context_prompts
+    from profiler.live import long_context_prompts, write_run_folder
     from profiler.loaders import _smollm2_tokenizer
+    from profiler.timing import timed_forwards
     from sim.simulate import git_revision
 
     if args.out.exists():
@@ -300,109 +281,87 @@ def hf_live_command(args) -> int:
     model, path = load_hf_smollm2(args.threads)
     tok = _smollm2_tokenizer()                 # the GGUF's tokenizer and chat template, as profiler live uses
     prompts = long_context_prompts(tok, args.text, args.context, args.limit)
-    import transformers.generation.utils as generation_utils
 
-    recorder_box: list[StepRecorder] = []
+    recorders: list[StepRecorder] = []
     original = generation_utils.GenerationMixin._get_candidate_generator
 
     def recording_generator(self, *a, **kw):
         generator = original(self, *a, **kw)
-        recorder_box.append(StepRecorder(generator))
+        recorders.append(StepRecorder(generator))
         return generator
 
-    forward_s: list[float] = []
-    started: list[float] = []
-    hooks = [model.register_forward_pre_hook(lambda m, a: started.append(time.perf_counter())),
-             model.register_forward_hook(lambda m, a, o: forward_s.append(time.perf_counter() - started.pop()))]
-    steps, requests, outputs = [], [], []
-    wall_total = 0.0
+    steps, requests, outputs, prefill_s, wall_s = [], [], [], [], []
+    kwargs = {"prompt_lookup_num_tokens": args.k} if args.method == "ngram" else {}
     generation_utils.GenerationMixin._get_candidate_generator = recording_generator
     try:
-        for rid, prompt in enumerate(prompts):
-            ids = torch.tensor([prompt])
-            forward_s.clear()
-            recorder_box.clear()
-            kwargs = {"prompt_lookup_num_tokens": args.k} if args.method == "ngram" else {}
-            t0 = time.perf_counter()
-            with torch.inference_mode():
-                out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens,
-                                     do_sample=False, pad_token_id=tok.eos_id, **kwargs)
-            wall = time.perf_counter() - t0
-            wall_total += wall
-            new = out[0, len(prompt):].tolist()
-            prefill_s = forward_s[0]
-            verify = forward_s[1:]
-            produced = 1
-            if args.method == "ngram":
-                # transformers' first forward is the prompt and the first proposal together: it
-                # commits that proposal's matches + 1; the steps are the forwards after it.
-                rec = recorder_box[0]
-                proposed, matches, lookups = rec.proposed[1:], rec.matches[1:], rec.lookup_s[1:]
-                produced = min(rec.matches[0] + 1, len(new)) if rec.matches else 1
-            else:
-                proposed, matches, lookups = [0] * len(verify), [0] * len(verify), [0.0] * len(verify)
-            n = min(len(verify), len(matches))
-            for step in range(n):
-                committed = min(matches[step] + 1, len(new) - produced)
-                produced += committed
-                steps.append({"run": "speculative", "request": rid, "step": step + 1,
-                              "mode": "verify" if args.method == "ngram" else "decode",
-                              "query_tokens": proposed[step] + 1, "kv_tokens": len(prompt) + produced,
-                              "drafted": proposed[step], "accepted": matches[step],
-                              "accept_flags": [1] * matches[step] + [0] * (proposed[step] - matches[step]),
-                              "committed": committed, "refed": 0, "rolled_back": 0, "draft_s": lookups[step],
-                              "verify_s": verify[step], "selection_s": 0.0, "other_s": 0.0})
-            other = wall - sum(forward_s) - sum(lookups[:n])
-            for row in steps[len(steps) - n:]:
-                row["other_s"] = other / max(n, 1)
-            requests.append({"request": rid, "category": "long-context", "prompt_tokens": len(prompt),
-                             "output_tokens": len(new), "ttft_s": prefill_s,
-                             "tpot_s": (wall - prefill_s) / (len(new) - 1) if len(new) > 1 else None,
-                             "tokens_per_step": len(new[1:]) / max(n, 1)})
-            outputs.append({"request": rid, "text": tok.decode(new), "tokens": new})
-            requests[-1]["_prefill_s"] = prefill_s
-            requests[-1]["_wall_s"] = wall
+        with timed_forwards(model) as forward_s:
+            for rid, prompt in enumerate(prompts):
+                ids = torch.tensor([prompt])
+                forward_s.clear()
+                recorders.clear()
+                t0 = time.perf_counter()
+                with torch.inference_mode():
+                    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens,
+                                         do_sample=False, pad_token_id=tok.eos_id, **kwargs)
+                wall_s.append(time.perf_counter() - t0)
+                new = out[0, len(prompt):].tolist()
+                prefill_s.append(forward_s[0])
+                own = request_steps(rid, len(prompt), new, forward_s[1:], recorders[0] if recorders else None)
+                other = wall_s[-1] - sum(forward_s) - sum(row["draft_s"] for row in own)
+                for row in own:
+                    row["other_s"] = other / len(own)
+                steps += own
+                requests.append({"request": rid, "category": "long-context", "prompt_tokens": len(prompt),
+                                 "output_tokens": len(new), "ttft_s": prefill_s[-1],
+                                 "tpot_s": (wall_s[-1] - prefill_s[-1]) / (len(new) - 1) if len(new) > 1 else None,
+                                 "tokens_per_step": (len(new) - 1) / max(len(own), 1)})
+                outputs.append({"request": rid, "text": tok.decode(new), "tokens": new})
     finally:
         generation_utils.GenerationMixin._get_candidate_generator = original
-        for hook in hooks:
-            hook.remove()
     frame = pd.DataFrame(steps)
-    prefill_total = sum(r.pop("_prefill_s") for r in requests)
-    walls = [r.pop("_wall_s") for r in requests]
-    seconds = {"prefill": prefill_total, "draft": float(frame.draft_s.sum()), "verify": float(frame.verify_s.sum()),
+    seconds = {"prefill": sum(prefill_s), "draft": float(frame.draft_s.sum()), "verify": float(frame.verify_s.sum()),
                "other": float(frame.other_s.sum())}
     total = sum(seconds.values())
     summary = {"method": args.method, "k": args.k if args.method == "ngram" else None, "tree": None, "batch": 1,
-               "requests": len(requests), "throughput_tok_s": sum(r["output_tokens"] for r in requests) / sum(walls),
+               "requests": len(requests), "throughput_tok_s": sum(r["output_tokens"] for r in requests) / sum(wall_s),
                "tokens_per_step": float(frame.committed.sum() / len(frame)) if len(frame) else None,
                "time_share": {k: v / total for k, v in seconds.items() if v > 0}, "engine": ENGINE}
-    config = dict(resolve_config("smollm2")[0].__dict__)
-    import transformers
-
     meta = {"device": "cpu", "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
             "cuda": None, "torch": torch.__version__, "python": platform.python_version(),
             "transformers": transformers.__version__, "engine": ENGINE, "dtype": "float32", "model": str(path),
-            "model_hash": None, "random_weights": False, "config": config,
+            "model_hash": None, "random_weights": False, "config": dict(resolve_config("smollm2")[0].__dict__),
             "arguments": {"model": "hf:smollm2", "method": args.method, "k": args.k, "tree": None, "batch": 1,
                           "context": args.context, "text": str(args.text), "prompts": None, "limit": args.limit,
                           "max_new_tokens": args.max_new_tokens, "temperature": 0.0, "top_p": 1.0,
                           "threads": args.threads, "device": "cpu", "dtype": "fp32", "seed": args.seed,
                           "budget": None},
             "git_revision": git_revision(), "seed": args.seed}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=args.out.parent, prefix=f".{args.out.name}."))
-    try:
-        frame.to_parquet(tmp / "steps.parquet", index=False)
-        pd.DataFrame(requests).to_parquet(tmp / "requests.parquet", index=False)
-        (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        (tmp / "outputs.jsonl").write_text("".join(json.dumps(o) + "\n" for o in outputs))
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-        tmp.chmod(0o755)
-        os.rename(tmp, args.out)
-    except BaseException:
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    write_run_folder(args.out, frame, pd.DataFrame(requests), summary, outputs, meta)
     print(json.dumps(summary, indent=2))
     return 0
+
+
+def request_steps(rid: int, prompt_tokens: int, new: list[int], verify_s: list[float],
+                  recorder: StepRecorder | None) -> list[dict]:
+    """One request's step rows: its forwards after the first (verify_s), with what the candidate
+    generator proposed and kept at each (greedy decoding without a recorder: one token a step)."""
+    produced = 1
+    if recorder is not None:
+        # transformers' first forward is the prompt and the first proposal together: it commits
+        # that proposal's matches + 1; the steps are the forwards after it.
+        proposed, matches, lookups = recorder.proposed[1:], recorder.matches[1:], recorder.lookup_s[1:]
+        produced = min(recorder.matches[0] + 1, len(new)) if recorder.matches else 1
+    else:
+        proposed, matches, lookups = [0] * len(verify_s), [0] * len(verify_s), [0.0] * len(verify_s)
+    rows = []
+    for step in range(min(len(verify_s), len(matches))):
+        committed = min(matches[step] + 1, len(new) - produced)
+        produced += committed
+        rows.append({"run": "speculative", "request": rid, "step": step + 1,
+                     "mode": "verify" if recorder is not None else "decode",
+                     "query_tokens": proposed[step] + 1, "kv_tokens": prompt_tokens + produced,
+                     "drafted": proposed[step], "accepted": matches[step],
+                     "accept_flags": [1] * matches[step] + [0] * (proposed[step] - matches[step]),
+                     "committed": committed, "refed": 0, "rolled_back": 0, "draft_s": lookups[step],
+                     "verify_s": verify_s[step], "selection_s": 0.0, "other_s": 0.0})
+    return rows

@@ -42,9 +42,12 @@ def inspect_command(args) -> int:
         gb_s = (rows.bytes_moved / rows.seconds).max() / 1e9
         tflops = (rows.flops / rows.seconds).max() / 1e12
         share = lambda value, peak: f"{value / peak:.0%}" if peak and value > 0 else "-"
+        # A black-box bundle (`calibrate --engine hf`) times whole forwards: no bytes or FLOPs.
+        rate = lambda value, spec: format(value, spec) if value == value else "-"
         err = per_op.get(op)
         print(f"{op:<18} {len(rows):>6} {_time(rows.seconds.min()):>10} {_time(rows.seconds.max()):>10} "
-              f"{gb_s:>10.1f} {share(gb_s, peak_gb_s):>8} {tflops:>12.3f} {share(tflops, peak_tflops):>8} "
+              f"{rate(gb_s, '.1f'):>10} {share(gb_s, peak_gb_s):>8} {rate(tflops, '.3f'):>12} "
+              f"{share(tflops, peak_tflops):>8} "
               f"{f'{err:.1%}' if err is not None else '-':>8}")
     held = meta.get("held_out", {})
     if held.get("median_abs_error") is not None:

@@ -314,13 +314,19 @@ def write_run(args, rows, prompts, tok, loaded, speculative, baseline, quiet: bo
                              "tokens_per_step": sum(s.committed for s in own) / len(own) if own else None})
             outputs.append({"request": rid, "text": tok.decode(out), "tokens": out})
     summary = summarize_run(speculative, baseline, args)
-    meta = run_meta(args, loaded)
-    out = args.out
+    write_run_folder(args.out, pd.DataFrame(steps), pd.DataFrame(requests), summary, outputs, run_meta(args, loaded))
+    if not quiet:
+        print(json.dumps(summary, indent=2))
+
+
+def write_run_folder(out: Path, steps, requests, summary: dict, outputs: list[dict], meta: dict) -> None:
+    """A run folder's five files (steps and requests as DataFrames), written into a temporary
+    folder renamed to `out` once complete."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:
-        pd.DataFrame(steps).to_parquet(tmp / "steps.parquet", index=False)
-        pd.DataFrame(requests).to_parquet(tmp / "requests.parquet", index=False)
+        steps.to_parquet(tmp / "steps.parquet", index=False)
+        requests.to_parquet(tmp / "requests.parquet", index=False)
         (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         (tmp / "outputs.jsonl").write_text("".join(json.dumps(o) + "\n" for o in outputs))
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
@@ -331,8 +337,6 @@ def write_run(args, rows, prompts, tok, loaded, speculative, baseline, quiet: bo
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if not quiet:
-        print(json.dumps(summary, indent=2))
 
 
 def summarize_run(speculative, baseline, args) -> dict:

@@ -7,6 +7,7 @@ relative to it, never a single run.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
@@ -61,3 +62,29 @@ def _time_cuda(fn, min_run_time_s: float) -> Timing:
     n = len(times)
     median = times[n // 2]
     return Timing(median, (times[3 * n // 4] - times[n // 4]) / median if median > 0 else 0.0, n)
+
+
+@contextmanager
+def timed_forwards(model, sync: Callable[[], None] = lambda: None):
+    """Hooks on `model` that append each forward's seconds to the yielded list (synchronized by
+    `sync` before each clock read, for CUDA); removed on exit. A decoding loop's host time is its
+    wall time minus these."""
+    import time
+
+    seconds: list[float] = []
+    started: list[float] = []
+
+    def before(module, inputs):
+        sync()
+        started.append(time.perf_counter())
+
+    def after(module, inputs, output):
+        sync()
+        seconds.append(time.perf_counter() - started.pop())
+
+    hooks = [model.register_forward_pre_hook(before), model.register_forward_hook(after)]
+    try:
+        yield seconds
+    finally:
+        for hook in hooks:
+            hook.remove()

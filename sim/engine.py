@@ -270,6 +270,7 @@ class EngineSimulation:
         """SpecPV: split decoding requests into full-attention, partial and full-refresh groups
         (appended to `groups` for the target forward); returns the block re-selection's seconds."""
         pv, s, V = self.partial, self.slots, self.verify_tokens
+        own = len(groups)                  # groups from here on are this method's
         eligible = ctx > pv.static_tokens
         period_reached = (s.since[:n] if pv.period_unit == "tokens" else s.steps_since[:n]) >= pv.period
         full = eligible & (period_reached | (s.selected[:n] == 0))
@@ -298,9 +299,8 @@ class EngineSimulation:
                                            part="refresh" if pv.reselect == "refresh" else "summaries")
             if self.pad_ragged:
                 # A static-shape engine runs every row of this step at the longest row's tokens.
-                first = len(groups) - int(plain.any()) - int(partial.any()) - 1
                 longest = int(q.max())
-                for i in range(first, len(groups)):
+                for i in range(own, len(groups)):
                     g = groups[i]
                     groups[i] = g._replace(tokens=g.requests * longest, query_max=longest,
                                            query_tokens=None if g.query_tokens is None else np.full(g.requests, longest))

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -133,7 +134,8 @@ def disagreement_observations(run: LiveRun, baseline: LiveRun | None) -> dict | 
                 continue
             first = next((i for i, (x, y) in enumerate(zip(out, ref)) if x != y), None)
             position = 1          # output position 0 comes from the prefill
-            for mode, committed in zip(frame.sort_values("step")["mode"], frame.sort_values("step").committed):
+            ordered = frame.sort_values("step")
+            for mode, committed in zip(ordered["mode"], ordered.committed):
                 end = position + int(committed)
                 if first is not None and first < end:
                     if mode == "partial":
@@ -150,7 +152,9 @@ def disagreement_observations(run: LiveRun, baseline: LiveRun | None) -> dict | 
             "source": source}
 
 
+@lru_cache(maxsize=64)
 def read_outputs(run_dir: Path) -> dict[int, list[int]]:
+    """A run's output tokens per request (read once per run: leave-one-out fits ask again)."""
     try:
         lines = (run_dir / "outputs.jsonl").read_text().splitlines()
     except OSError:

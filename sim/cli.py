@@ -1,6 +1,9 @@
 """python -m sim run SCENARIO [--set FIELD=VALUE ...] [--vary FIELD=V1,V2,...] [--json] [--out FILE]
 python -m sim validate RUN_DIR... | --study NAME --text FILE [--calibration DIR] [--out DIR] [--docs FILE]
 python -m sim fit-acceptance RUN_DIR... [--vllm FILE ...] -o acceptance.yaml
+python -m sim sweep [STUDY.yaml] [--executor local|ray] [--address ADDR] [--workers N] [--resume] [--out DIR]
+python -m sim report RESULTS_DIR [--validation CSV] [--out FILE]
+python -m sim capacity SCENARIO [--set FIELD=VALUE ...] [--tolerance F] [--max-rate QPS] [--json]
 
 run: simulates a scenario with its speculation and without (the baseline), on the same requests and
 seed. --set overrides one field (dotted path, YAML value); --vary runs the scenario once per value
@@ -9,6 +12,10 @@ validate: predicts each `profiler live` run, replaying its acceptance and with a
 the other runs, and reports the errors (docs/validation.md); --study first runs a study's live runs.
 fit-acceptance: per drafter, the acceptance block of a scenario fitted on live runs (or vLLM's
 counters), and SpecPV's disagreement with full verification.
+sweep: runs a study (a grid of scenarios; with no argument, the embedded default study) and writes
+results.parquet and report.html (docs/scenario.md, "Studies").
+report: rebuilds report.html from a sweep's results.parquet.
+capacity: the highest Poisson request rate meeting the scenario's SLOs, with and without speculation.
 """
 from __future__ import annotations
 
@@ -63,6 +70,33 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--vllm", type=Path, action="append", default=[], metavar="FILE",
                      help="vLLM speculative decoding counters: a /metrics scrape or JSON lines (repeatable)")
     fit.add_argument("-o", "--out", type=Path, required=True, help="acceptance YAML to write")
+    sweep = commands.add_parser("sweep", help="run a study's grid of scenarios; write results.parquet and report.html")
+    sweep.add_argument("study", nargs="?", help="study YAML, or an embedded study's name (default, smoke); "
+                                                 "default: the embedded default study")
+    sweep.add_argument("--executor", choices=("local", "ray"), default="local",
+                       help="local: a process pool on this machine; ray: a Ray cluster (or a local Ray instance)")
+    sweep.add_argument("--address", help="with --executor ray: the cluster's address (auto, or HOST:PORT)")
+    sweep.add_argument("--workers", type=int, help="worker processes (default: the CPU count)")
+    sweep.add_argument("--resume", action="store_true", help="continue a sweep in --out, skipping finished points")
+    sweep.add_argument("--overwrite", action="store_true", help="discard the results already in --out and start again")
+    sweep.add_argument("--out", type=Path, help="output folder (default reports/STUDY_NAME)")
+    sweep.add_argument("--validation", type=Path, help="a validation.csv from sim validate, for the report's parity "
+                                                       "plot (default: the study's `validation`, when present)")
+    sweep.add_argument("--quiet", action="store_true", help="no progress bar")
+    sweep.add_argument("--no-baseline-reuse", action="store_true",
+                       help="simulate every point's baseline afresh (same results, slower; for checking)")
+    report = commands.add_parser("report", help="rebuild report.html from a sweep's results.parquet")
+    report.add_argument("results", type=Path, metavar="RESULTS", help="a sweep's folder or its results.parquet")
+    report.add_argument("--validation", type=Path, help="a validation.csv for the parity plot")
+    report.add_argument("--out", type=Path, help="HTML file to write (default: report.html beside the results)")
+    capacity = commands.add_parser("capacity", help="highest Poisson request rate meeting the scenario's SLOs")
+    capacity.add_argument("scenario", type=Path, help="scenario YAML with an slo block")
+    capacity.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                          help="override a field (repeatable)")
+    capacity.add_argument("--tolerance", type=float, default=0.02,
+                          help="stop when the bracket is narrower than this fraction of the rate (default 0.02)")
+    capacity.add_argument("--max-rate", type=float, help="highest rate to try, in requests/s")
+    capacity.add_argument("--json", action="store_true", help="print JSON instead of a summary")
     return parser
 
 
@@ -79,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
             from sim.validate_cli import fit_acceptance_command
 
             return fit_acceptance_command(args)
+        if args.command in ("sweep", "report", "capacity"):
+            from sim import sweep_cli
+
+            return getattr(sweep_cli, f"{args.command}_command")(args)
     except ScenarioError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

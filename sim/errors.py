@@ -9,3 +9,7 @@ class ScenarioError(ValueError):
         self.field = field
         self.reason = reason
         super().__init__(f"{field}: {reason}" if field else reason)
+
+    def __reduce__(self):
+        # Rebuilt from (field, reason) when it crosses a process boundary (a sweep's workers).
+        return type(self), (self.field, self.reason)

@@ -133,7 +133,9 @@ class Result:
 
     @property
     def decode_speedup(self) -> float:
-        return self.run.decode_throughput_tok_s / self.baseline.decode_throughput_tok_s
+        base = self.baseline.decode_throughput_tok_s
+        # Single-token outputs have no decode phase: no decode speedup either.
+        return self.run.decode_throughput_tok_s / base if base > 0 else math.nan
 
     def to_dict(self) -> dict:
         """The JSON object of `python -m sim run --json`."""

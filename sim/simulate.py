@@ -19,36 +19,36 @@ from sim.scenario import Scenario, load_scenario
 from sim.workload import Requests, build_requests
 
 
-def simulate(scenario: Scenario | dict | str | Path, acceptance=None) -> Result:
+def simulate(scenario: Scenario | dict | str | Path, acceptance=None, baseline_cache: dict | None = None) -> Result:
     """Simulate a scenario with speculation (if any) and without, and pair the two.
 
     acceptance: optionally, a function (scenario, requests, rng) -> AcceptanceModel used instead of
     the scenario's own acceptance (`sim validate` replays a live run's steps this way).
+    baseline_cache: optionally, a dict shared across calls: a baseline already simulated (same
+    baseline scenario, requests and memory plan) is taken from it instead of run again. A sweep's
+    points that differ only in their speculation share one baseline this way; results are identical.
 
     Raises ScenarioError (one line: field and reason) on bad input, before anything runs.
     """
     scenario = load_scenario(scenario)
-    requests = build_requests(scenario)
-    concurrency = min(requests.closed_concurrency or len(requests), scenario.scheduler.max_batch)
-    max_request_tokens = requests.max_tokens + scenario.speculation.verify_tokens
-
-    baseline_scenario = scenario.with_method_none()
-    configs = [("baseline", baseline_scenario)]
-    if scenario.speculation.enabled:
-        configs.append(("speculative", scenario))
-    # Plan every configuration's memory first, so a scenario that cannot run fails before any run.
-    planned = []
-    for name, config in configs:
-        stacks = build_stacks(config)
-        memory = plan_memory(config, stacks, max_request_tokens, concurrency)
-        planned.append((name, config, stacks, memory))
+    requests, planned = plan(scenario)
 
     runs, memories, warnings = {}, {}, []
     for name, config, stacks, memory in planned:
+        key = None
+        if name == "baseline" and baseline_cache is not None and acceptance is None:
+            key = baseline_key(config, requests.max_tokens + scenario.speculation.verify_tokens)
+            if key in baseline_cache:
+                runs[name], memories[name], cost_warnings = baseline_cache[key]
+                warnings += [w for w in cost_warnings if w not in warnings]
+                continue
         record, cost = run_engine(config, requests, stacks, memory, acceptance)
-        warnings += [w for w in getattr(cost, "warnings", []) if w not in warnings]
+        cost_warnings = list(getattr(cost, "warnings", []))
+        warnings += [w for w in cost_warnings if w not in warnings]
         runs[name] = (record, summarize(record, scenario))
         memories[name] = (memory, record)
+        if key is not None:
+            baseline_cache[key] = (runs[name], memories[name], cost_warnings)
 
     base_memory, base_record = memories["baseline"]
     memory, record = memories.get("speculative", memories["baseline"])
@@ -77,6 +77,32 @@ def simulate(scenario: Scenario | dict | str | Path, acceptance=None) -> Result:
     speculative = runs["speculative"][1] if "speculative" in runs else None
     return Result(scenario, speculative, runs["baseline"][1], memory_info, partial_info,
                   provenance(scenario, warnings))
+
+
+
+def plan(scenario: Scenario) -> tuple[Requests, list]:
+    """The requests, and each configuration (baseline, then the speculative one) with its layer
+    stacks and memory plan. A scenario that cannot run (weights that fit nowhere, ...) raises
+    ScenarioError here, before any engine runs: a sweep checks every point this way first."""
+    requests = build_requests(scenario)
+    concurrency = min(requests.closed_concurrency or len(requests), scenario.scheduler.max_batch)
+    max_request_tokens = requests.max_tokens + scenario.speculation.verify_tokens
+    configs = [("baseline", scenario.with_method_none())]
+    if scenario.speculation.enabled:
+        configs.append(("speculative", scenario))
+    planned = []
+    for name, config in configs:
+        stacks = build_stacks(config)
+        memory = plan_memory(config, stacks, max_request_tokens, concurrency)
+        planned.append((name, config, stacks, memory))
+    return requests, planned
+
+
+def baseline_key(config: Scenario, max_request_tokens: int) -> str:
+    """What a baseline run depends on: its scenario (speculation removed; the requests follow from
+    its workload and seed) and the longest request its memory plan reserves, which includes the
+    speculative configuration's verification tokens."""
+    return f"{config.model_dump_json()}|{max_request_tokens}"
 
 
 def run_engine(config: Scenario, requests: Requests, stacks, memory, build=None):

@@ -347,32 +347,8 @@ def comparisons_frame(rows: list[Comparison]):
 def parity_html(rows: list[Comparison], title: str) -> str:
     """A self-contained HTML page (plotly inlined, works offline): predicted against measured
     throughput and speedup, one marker per run and prediction, the y = x line."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
+    from sim.report import parity_figure
 
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("throughput (tok/s)", "speedup over autoregressive"))
-    colors = {"cost model": "#636efa", "replay": "#00cc96", "fitted": "#ef553b"}
-    for col, metric in ((1, "tok_s"), (2, "speedup")):
-        values = [(getattr(r, f"measured_{metric}"), getattr(r, f"predicted_{metric}"), r)
-                  for r in rows if getattr(r, f"measured_{metric}") is not None]
-        if not values:
-            continue
-        lo = min(min(m, p) for m, p, _ in values) * 0.9
-        hi = max(max(m, p) for m, p, _ in values) * 1.1
-        fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", line={"color": "#888", "dash": "dash"},
-                                 name="y = x", showlegend=col == 1), row=1, col=col)
-        for prediction, color in colors.items():
-            mine = [(m, p, r) for m, p, r in values if r.prediction == prediction]
-            if not mine:
-                continue
-            fig.add_trace(go.Scatter(
-                x=[m for m, _, _ in mine], y=[p for _, p, _ in mine], mode="markers", name=prediction,
-                marker={"color": color, "size": 9}, showlegend=col == 1, legendgroup=prediction,
-                text=[f"{r.run}<br>{r.drafter}, batch {r.batch}, context {r.context:.0f}<br>"
-                      f"error {'-' if r.error(metric) is None else format(r.error(metric), '+.1%')}"
-                      for _, _, r in mine],
-                hovertemplate="%{text}<br>measured %{x:.3f}<br>predicted %{y:.3f}<extra></extra>"), row=1, col=col)
-        fig.update_xaxes(title_text="measured", row=1, col=col)
-        fig.update_yaxes(title_text="predicted", row=1, col=col)
-    fig.update_layout(title=title, width=1100, height=520, template="plotly_white")
+    fig = parity_figure(comparisons_frame(rows), title)
+    fig.update_layout(width=1100)
     return fig.to_html(include_plotlyjs=True, full_html=True)

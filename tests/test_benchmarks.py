@@ -14,3 +14,10 @@ def test_iteration_benchmark_reports_its_figures():
     assert report["iterations_per_s"] > 0 and report["engine_only_iterations_per_s"] > 0
     assert set(report["us_per_iteration_best"]) == {"main_baseline", "main_speculative",
                                                     "decode_only_baseline", "decode_only_speculative"}
+
+
+def test_sweep_benchmark_reports_its_figures():
+    proc = subprocess.run([sys.executable, "benchmarks/bench_sweep.py", "--limit", "3", "--skip-default"],
+                          cwd=REPO, capture_output=True, text=True, check=True)
+    report = json.loads(proc.stdout)["study_1000"]
+    assert report["points"] == 3 * 4 and report["seconds"] > 0 and report["identical_without_reuse"] is True

@@ -1,0 +1,1 @@
+"""Studies shipped with the simulator (`python -m sim sweep` with no argument runs default.yaml)."""

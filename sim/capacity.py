@@ -31,8 +31,9 @@ def find_capacity(mapping: dict, tolerance: float = 0.02, max_rate_qps: float | 
     sides = [("baseline", True)]
     if scenario.speculation.enabled:
         sides.insert(0, ("speculative", False))
+    baselines: dict[float, dict] = {}
     for name, baseline_only in sides:
-        out[name] = bisect_rate(mapping, baseline_only, start, tolerance, max_rate_qps)
+        out[name] = bisect_rate(mapping, baseline_only, start, tolerance, max_rate_qps, baselines)
     capped = any(out[name]["at_max_rate"] for name, _ in sides)
     if "speculative" in out and out["baseline"]["rate_qps"] and not capped:
         out["capacity_gain"] = out["speculative"]["rate_qps"] / out["baseline"]["rate_qps"]
@@ -46,26 +47,34 @@ def poisson_at(mapping: dict, rate_qps: float) -> dict:
     return point
 
 
-def evaluate(mapping: dict, rate_qps: float, baseline_only: bool) -> dict:
-    from sim.scenario import load_scenario
-    from sim.simulate import simulate
-
-    scenario = load_scenario(poisson_at(mapping, rate_qps))
-    if baseline_only:
-        scenario = scenario.with_method_none()
-    run = simulate(scenario).run
+def outcome(run, rate_qps: float) -> dict:
     return {"rate_qps": rate_qps, "slo_met": bool(run.slo_met), "throughput_tok_s": run.throughput_tok_s,
             "ttft_ms_p90": run.ttft_ms["p90"], "tpot_ms_p90": run.tpot_ms["p90"],
             "slo_attainment": run.slo_attainment}
 
 
-def bisect_rate(mapping: dict, baseline_only: bool, start: float, tolerance: float, max_rate: float | None) -> dict:
+def evaluate(mapping: dict, rate_qps: float, baseline_only: bool, baselines: dict) -> dict:
+    """One trial. A speculative trial simulates the baseline at the same rate too (same requests
+    and seed): it is kept in `baselines`, so the baseline's own search, which starts from the same
+    rates, does not run it again."""
+    from sim.scenario import load_scenario
+    from sim.simulate import simulate
+
+    if baseline_only and rate_qps in baselines:
+        return baselines[rate_qps]
+    result = simulate(load_scenario(poisson_at(mapping, rate_qps)), baseline_only=baseline_only)
+    baselines[rate_qps] = outcome(result.baseline, rate_qps)
+    return outcome(result.run, rate_qps)
+
+
+def bisect_rate(mapping: dict, baseline_only: bool, start: float, tolerance: float, max_rate: float | None,
+                baselines: dict) -> dict:
     """Bracket [meets, fails] by doubling or halving from `start`, then bisect until the bracket is
     narrower than `tolerance` of its upper end. Returns the highest rate found to meet the SLOs."""
     trials = []
 
     def meets(rate):
-        trials.append(evaluate(mapping, rate, baseline_only))
+        trials.append(evaluate(mapping, rate, baseline_only, baselines))
         return trials[-1]["slo_met"]
 
     rate = min(start, max_rate) if max_rate else start
@@ -131,7 +140,7 @@ def format_capacity(result: dict) -> str:
             " (the --max-rate cap; it still meets the SLOs there)" if r["at_max_rate"] else "")
         lines.append(f"  {name:<12} {r['rate_qps']:9.3f} req/s{extra}: {at.get('throughput_tok_s', math.nan):9.1f} tok/s, "
                      f"TTFT p90 {at.get('ttft_ms_p90', math.nan):8.1f} ms, TPOT p90 {at.get('tpot_ms_p90', math.nan):6.2f} ms "
-                     f"[{r['evaluations']} simulations]")
+                     f"[{r['evaluations']} trials]")
     if "capacity_gain" in result:
         lines.append(f"  capacity with speculation: {result['capacity_gain']:.3f}x the baseline's")
     return "\n".join(lines)

@@ -19,7 +19,8 @@ from sim.scenario import Scenario, load_scenario
 from sim.workload import Requests, build_requests
 
 
-def simulate(scenario: Scenario | dict | str | Path, acceptance=None, baseline_cache: dict | None = None) -> Result:
+def simulate(scenario: Scenario | dict | str | Path, acceptance=None, baseline_cache: dict | None = None,
+             baseline_only: bool = False) -> Result:
     """Simulate a scenario with speculation (if any) and without, and pair the two.
 
     acceptance: optionally, a function (scenario, requests, rng) -> AcceptanceModel used instead of
@@ -27,11 +28,15 @@ def simulate(scenario: Scenario | dict | str | Path, acceptance=None, baseline_c
     baseline_cache: optionally, a dict shared across calls: a baseline already simulated (same
     baseline scenario, requests and memory plan) is taken from it instead of run again. A sweep's
     points that differ only in their speculation share one baseline this way; results are identical.
+    baseline_only: run the baseline alone (planned exactly as beside the speculative run); the
+    Result then has no speculative run (`sim capacity` searches the baseline's rate this way).
 
     Raises ScenarioError (one line: field and reason) on bad input, before anything runs.
     """
     scenario = load_scenario(scenario)
     requests, planned = plan(scenario)
+    if baseline_only:
+        planned = planned[:1]
 
     runs, memories, warnings = {}, {}, []
     for name, config, stacks, memory in planned:
@@ -65,7 +70,7 @@ def simulate(scenario: Scenario | dict | str | Path, acceptance=None, baseline_c
         "peak_kv_gb": kv_gb(memory, record), "baseline_peak_kv_gb": kv_gb(base_memory, base_record),
     }
     partial_info = None
-    if scenario.speculation.partial_verify is not None:
+    if scenario.speculation.partial_verify is not None and "speculative" in runs:
         partial_info = {
             "partial_accepted_tokens": record.partial_accepted_tokens,
             "divergent_tokens": record.divergent_tokens,

@@ -329,3 +329,13 @@ def test_renamed_method_keeps_its_points_on_resume(tmp_path):
     assert main(["sweep", str(path), "--out", str(out), "--quiet", "--resume"]) == 0
     assert (out / LOG).read_bytes() == lines                       # nothing ran again
     assert set(sweep_frame(out)["method"]) == {"autoregressive"}
+
+
+def test_baseline_only_is_the_baseline_simulate_pairs_with_the_run():
+    from sim.simulate import simulate
+
+    scenario = {**CAPACITY, "workload": {**CAPACITY["workload"], "arrival": "poisson", "rate_qps": 50.0}}
+    both, alone = simulate(scenario), simulate(scenario, baseline_only=True)
+    assert alone.speculative is None and alone.partial_verify is None
+    assert alone.run.throughput_tok_s == both.baseline.throughput_tok_s
+    assert alone.run.tpot_ms == both.baseline.tpot_ms and alone.run.ttft_ms == both.baseline.ttft_ms

@@ -31,11 +31,15 @@ def context_label(tokens) -> str:
     return f"{tokens // 1024}K" if tokens >= 1024 and tokens % 1024 == 0 else str(tokens)
 
 
-def eligible(frame: pd.DataFrame, max_divergence: float) -> pd.DataFrame:
-    """Points whose quality cost is acceptable: lossless, or diverging from full verification on at
-    most `max_divergence` of output tokens."""
+def within_divergence(frame: pd.DataFrame, max_divergence: float) -> pd.Series:
+    """Whether each point's quality cost is acceptable: lossless, or diverging from full
+    verification on at most `max_divergence` of output tokens."""
     div = frame["divergence_rate"].astype(float)
-    return frame[div.isna() | (div <= max_divergence)]
+    return div.isna() | (div <= max_divergence)
+
+
+def eligible(frame: pd.DataFrame, max_divergence: float) -> pd.DataFrame:
+    return frame[within_divergence(frame, max_divergence)]
 
 
 def best_settings(frame: pd.DataFrame, by: list[str], metric: str = "speedup") -> pd.DataFrame:
@@ -81,25 +85,26 @@ def heatmap_figure(frame: pd.DataFrame, title: str, max_divergence: float):
     for i, method in enumerate(methods):
         row, col = i // cols + 1, i % cols + 1
         mine = frame[frame.method == method]
-        best = best_settings(eligible(mine, max_divergence), [y_name, "context"])
-        # Cells where every setting is too lossy still show their best, flagged.
-        lossy = best_settings(mine, [y_name, "context"])
-        lossy = lossy[~lossy.set_index([y_name, "context"]).index.isin(best.set_index([y_name, "context"]).index)]
+        # Per cell the best setting within the divergence limit; where every setting is too lossy,
+        # the best of them, flagged.
+        cells = (mine.assign(_flagged=~within_divergence(mine, max_divergence), _order=np.arange(len(mine)))
+                 .sort_values(["_flagged", "speedup", "_order"], ascending=[True, False, True])
+                 .drop_duplicates([y_name, "context"]))
         z = np.full((len(ys), len(contexts)), np.nan)
         text = np.full(z.shape, "", dtype=object)
         hover = np.full(z.shape, "not in the study", dtype=object)
-        for flagged, rows_ in ((False, best), (True, lossy)):
-            for _, r in rows_.iterrows():
-                if pd.isna(r["context"]) or pd.isna(r[y_name]):
-                    continue
-                yi, xi = ys.index(r[y_name]), contexts.index(r["context"])
-                z[yi, xi] = r["speedup"]
-                text[yi, xi] = f"{r['speedup']:.2f}" + (" ▼" if r["speedup"] < 1 else "") + (" ⚠" if flagged else "")
-                hover[yi, xi] = (
-                    f"{r['settings']}<br>speedup {r['speedup']:.3f}x (decode only {_num(r['decode_speedup'], '.3f')}x)"
-                    f"<br>{r['throughput_tok_s']:.0f} tok/s, TPOT p90 {_num(r['tpot_ms_p90'], '.1f')} ms"
-                    + (f"<br>diverges on {r['divergence_rate']:.2%} of tokens" if pd.notna(r["divergence_rate"]) else "")
-                    + (f" (⚠ above the study's {max_divergence:.1%})" if flagged else ""))
+        for _, r in cells.iterrows():
+            if pd.isna(r["context"]) or pd.isna(r[y_name]):
+                continue
+            yi, xi = ys.index(r[y_name]), contexts.index(r["context"])
+            flagged = r["_flagged"]
+            z[yi, xi] = r["speedup"]
+            text[yi, xi] = f"{r['speedup']:.2f}" + (" ▼" if r["speedup"] < 1 else "") + (" ⚠" if flagged else "")
+            hover[yi, xi] = (
+                f"{r['settings']}<br>speedup {r['speedup']:.3f}x (decode only {_num(r['decode_speedup'], '.3f')}x)"
+                f"<br>{r['throughput_tok_s']:.0f} tok/s, TPOT p90 {_num(r['tpot_ms_p90'], '.1f')} ms"
+                + (f"<br>diverges on {r['divergence_rate']:.2%} of tokens" if pd.notna(r["divergence_rate"]) else "")
+                + (f" (⚠ above the study's {max_divergence:.1%})" if flagged else ""))
         fig.add_trace(go.Heatmap(
             z=z, x=x_labels, y=y_labels, text=text, texttemplate="%{text}", customdata=hover,
             hovertemplate=f"{method}, {y_name} %{{y}}, context %{{x}}<br>%{{customdata}}<extra></extra>",

@@ -168,18 +168,18 @@ class Result:
             "partial_verify": self.partial_verify,
             "provenance": self.provenance,
         }
-        return _json_safe(out)
+        return json_safe(out)
 
 
-def _json_safe(value):
+def json_safe(value):
     """NaN and infinities become null, so the JSON is strict."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     if isinstance(value, np.generic):
-        return _json_safe(value.item())
+        return json_safe(value.item())
     return value
 

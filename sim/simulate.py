@@ -122,15 +122,18 @@ def run_engine(config: Scenario, requests: Requests, stacks, memory, build=None)
     return engine.run(), cost
 
 
-def provenance(scenario: Scenario, warnings: list[str] | None = None) -> dict:
-    bundle = None
-    if scenario.calibration is not None:
-        from sim.cost.bundle import load_bundle
+def bundle_provenance(path) -> dict:
+    """Where a calibration bundle came from: its device, revision, date, dtype and held-out error."""
+    from sim.cost.bundle import load_bundle
 
-        meta = load_bundle(scenario.calibration).meta
-        bundle = {"path": str(scenario.calibration), "device": meta["device"].get("name"),
-                  "git_revision": meta.get("git_revision"), "date": meta.get("date"),
-                  "held_out_median_error": (meta.get("held_out") or {}).get("median_abs_error")}
+    meta = load_bundle(path).meta
+    return {"path": str(path), "device": meta["device"].get("name"), "git_revision": meta.get("git_revision"),
+            "date": meta.get("date"), "dtype": meta.get("dtype"),
+            "held_out_median_error": (meta.get("held_out") or {}).get("median_abs_error")}
+
+
+def provenance(scenario: Scenario, warnings: list[str] | None = None) -> dict:
+    bundle = None if scenario.calibration is None else bundle_provenance(scenario.calibration)
     return {
         "device": scenario.hardware_spec.name,
         "model": scenario.model_spec.name,
@@ -158,10 +161,12 @@ def git_revision() -> str:
         return "unknown"
 
 
-@lru_cache(maxsize=1)
-def versions() -> dict:
+@lru_cache(maxsize=4)
+def versions(extra: tuple[str, ...] = ()) -> dict:
+    """Installed versions of Python, the simulator's dependencies and `extra` packages (those not
+    installed are left out)."""
     out = {"python": platform.python_version()}
-    for package in ("specsim", "numpy", "simpy", "pydantic", "scipy"):
+    for package in ("specsim", "numpy", "simpy", "pydantic", "scipy", *extra):
         try:
             out[package] = metadata.version(package)
         except metadata.PackageNotFoundError:

@@ -161,7 +161,6 @@ def resolve_path(value: str, base_dir: Path) -> Path | None:
 
 def expand_points(loaded: LoadedStudy) -> list[Point]:
     """Every point of the study, in study order: group, method, then the grid's product."""
-    from sim.cli import set_field
     from sim.scenario import read_mapping, resolve_relative_paths
 
     study = loaded.study
@@ -187,9 +186,9 @@ def expand_points(loaded: LoadedStudy) -> list[Point]:
             for values in itertools.product(*axes.values()):
                 scenario = copy.deepcopy(base)
                 for field, value in method.set.items():
-                    assign(scenario, field, value, set_field)
+                    assign(scenario, field, value)
                 for field, value in zip(fields, values):
-                    assign(scenario, field, value, set_field)
+                    assign(scenario, field, value)
                 resolve_scenario_paths(scenario, loaded.base_dir)
                 digest = point_id(group.name, scenario)
                 if digest in seen:   # two methods of the group that happen to produce the same scenario
@@ -201,17 +200,14 @@ def expand_points(loaded: LoadedStudy) -> list[Point]:
     return points
 
 
-def assign(scenario: dict, field: str, value, set_field) -> None:
-    """Set a dotted field; a mapping is merged into what is there (so linked fields can share an axis)."""
+def assign(scenario: dict, field: str, value) -> None:
+    """Set a dotted field; a mapping is merged key by key into what is there (so linked fields can
+    share an axis)."""
+    from sim.cli import set_field
+
     if isinstance(value, dict):
-        node = scenario
-        for key in field.split("."):
-            child = node.get(key)
-            if not isinstance(child, dict):
-                child = node[key] = {} if not isinstance(child, str) else {"preset": child}
-            node = child
         for key, sub in value.items():
-            assign(node, key, sub, set_field)
+            assign(scenario, f"{field}.{key}", sub)
     else:
         set_field(scenario, field, copy.deepcopy(value))
 
@@ -225,10 +221,8 @@ def resolve_scenario_paths(scenario: dict, base_dir: Path) -> None:
     from sim.presets import MODELS
 
     for dotted in PATH_FIELDS:
-        *parents, leaf = dotted.split(".")
-        node = scenario
-        for key in parents:
-            node = node.get(key) if isinstance(node, dict) else None
+        parent, _, leaf = dotted.rpartition(".")
+        node = lookup(scenario, parent) if parent else scenario
         if not isinstance(node, dict) or not isinstance(node.get(leaf), str) or node[leaf] in MODELS:
             continue
         found = resolve_path(node[leaf], base_dir)

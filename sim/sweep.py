@@ -7,13 +7,13 @@ task, so each worker simulates that baseline once.
 """
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections import defaultdict
 
 from sim.cost.batch import PHASES
 from sim.errors import ScenarioError
+from sim.result import json_safe
 from sim.study import Point
 
 # Points per task: large enough that a shared baseline is simulated once per task, small enough
@@ -88,7 +88,7 @@ def result_row(point: Point, result) -> dict:
         "slo_attainment": run.slo_attainment, "slo_met": run.slo_met, "baseline_slo_met": base.slo_met,
         "warnings": "; ".join(result.provenance.get("warnings", [])) or None,
     })
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+    return json_safe(row)     # NaN and infinities become None: the log is strict JSON
 
 
 def mean_tokens(lengths) -> float:

@@ -91,12 +91,10 @@ def results_frame(points, rows: dict, study) -> pd.DataFrame:
     for column in INTEGER_COLUMNS:     # counts stay integers where some points have none (k of no SD)
         if column in frame:
             frame[column] = frame[column].astype("Int64")
-    price = frame["hardware"].map(lambda h: study.price_for(h))
-    frame["price_per_gpu_hour"] = price.astype(float)
-    gpus = frame["tensor_parallel"].astype(float)
-    frame["cost_per_mtok_usd"] = frame["price_per_gpu_hour"] * gpus / 3600.0 / frame["throughput_tok_s"] * 1e6
-    frame["baseline_cost_per_mtok_usd"] = (frame["price_per_gpu_hour"] * gpus / 3600.0
-                                           / frame["baseline_throughput_tok_s"] * 1e6)
+    frame["price_per_gpu_hour"] = frame["hardware"].map(study.price_for).astype(float)
+    usd_per_s = frame["price_per_gpu_hour"] * frame["tensor_parallel"].astype(float) / 3600.0
+    for prefix in ("", "baseline_"):
+        frame[f"{prefix}cost_per_mtok_usd"] = usd_per_s / frame[f"{prefix}throughput_tok_s"] * 1e6
     return frame
 
 
@@ -124,26 +122,12 @@ def panel_of(point, row: dict) -> str:
 
 
 def sweep_provenance(loaded, frame: pd.DataFrame, timing: dict) -> dict:
-    from sim.simulate import git_revision, versions
+    from sim.simulate import bundle_provenance, git_revision, versions
 
-    calibrations = {}
-    for path in frame["calibration"].dropna().unique():
-        from sim.cost.bundle import load_bundle
-
-        meta = load_bundle(Path(path)).meta
-        calibrations[path] = {"device": meta["device"].get("name"), "git_revision": meta.get("git_revision"),
-                              "date": meta.get("date"), "dtype": meta.get("dtype")}
-    versions_all = dict(versions())
-    for package in ("pandas", "pyarrow", "plotly", "ray"):
-        try:
-            from importlib import metadata
-
-            versions_all[package] = metadata.version(package)
-        except Exception:   # not installed: nothing to record
-            pass
+    calibrations = {path: bundle_provenance(path) for path in frame["calibration"].dropna().unique()}
     return {
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "git_revision": git_revision(), "versions": versions_all,
+        "git_revision": git_revision(), "versions": versions(("pandas", "pyarrow", "plotly", "ray")),
         "study": loaded.study.model_dump(mode="json"), "study_source": loaded.source, "study_text": loaded.text,
         "skipped": loaded.skipped, "calibrations": calibrations,
         "hardware": sorted(frame["hardware"].unique().tolist()),
@@ -197,7 +181,7 @@ def capacity_command(args) -> int:
     for override in args.overrides:
         set_field(mapping, *split_assignment(override, "--set"))
     result = find_capacity(mapping, tolerance=args.tolerance, max_rate_qps=args.max_rate)
-    from sim.result import _json_safe
+    from sim.result import json_safe
 
-    print(json.dumps(_json_safe(result)) if args.json else format_capacity(result))
+    print(json.dumps(json_safe(result)) if args.json else format_capacity(result))
     return 0

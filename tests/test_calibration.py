@@ -242,3 +242,32 @@ def test_calibrate_bad_input_is_one_line(argv, message):
     run = subprocess.run([sys.executable, "-m", "profiler", *argv], capture_output=True, text=True)
     assert run.returncode == 2
     assert run.stderr.startswith(message) and run.stderr.count("\n") == 1, run.stderr
+
+
+def test_cpu_timing_is_the_median_call_of_blocks_after_warm_up():
+    import time
+
+    from profiler.timing import time_call
+
+    calls = []
+
+    def sleep_1ms():
+        calls.append(None)
+        time.sleep(1e-3)
+
+    timing = time_call(sleep_1ms, "cpu", min_run_time_s=0.03)
+    # A sleep of 1 ms takes at least 1 ms and, on a loaded machine, not many times more.
+    assert 1e-3 <= timing.median_s < 5e-3
+    assert timing.spread >= 0
+    assert len(calls) == timing.runs + 2            # two warm-up calls, then every timed one
+    assert timing.runs >= 5                         # 30 ms of blocks of about 2 ms
+
+    calls.clear()
+
+    def sleep_50ms():
+        calls.append(None)
+        time.sleep(0.05)
+
+    long = time_call(sleep_50ms, "cpu", min_run_time_s=0.03)
+    assert long.runs == 1 and len(calls) == 3       # one block of one call is longer than the budget
+    assert 0.05 <= long.median_s < 0.25

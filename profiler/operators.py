@@ -25,6 +25,7 @@ Operators (per decoder layer unless noted; tokens = query tokens of the whole ba
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Callable
 
@@ -198,11 +199,16 @@ def _build_partial_attention(bench: Bench, p: dict):
 
 def _attention_module(config: LlamaConfig) -> Attention:
     """An Attention without weights (its linears on the meta device): attend_full only reads the
-    caches set on it."""
-    with torch.device("meta"):
-        return Attention(config)
+    caches set on it. A shallow copy of one per config: building a module (its linears' meta
+    initialisation) cost more than timing a small attention, once per cache-busting copy."""
+    key = repr(config)
+    if key not in _ATTENTION_TEMPLATES:
+        with torch.device("meta"):
+            _ATTENTION_TEMPLATES[key] = Attention(config)
+    return copy.copy(_ATTENTION_TEMPLATES[key])
 
 
+_ATTENTION_TEMPLATES: dict[str, Attention] = {}
 _MASKS: dict[tuple, torch.Tensor] = {}
 
 

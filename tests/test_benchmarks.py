@@ -21,3 +21,29 @@ def test_sweep_benchmark_reports_its_figures():
                           cwd=REPO, capture_output=True, text=True, check=True)
     report = json.loads(proc.stdout)["study_1000"]
     assert report["points"] == 3 * 4 and report["seconds"] > 0 and report["identical_without_reuse"] is True
+
+
+def test_calibration_repeatability_compares_bundles_point_by_point(tmp_path):
+    import shutil
+
+    import pandas as pd
+
+    bundle = REPO / "calibration" / "cpu" / "smollm2-135m"
+    slower = tmp_path / "slower"
+    shutil.copytree(bundle, slower)
+    frame = pd.read_parquet(slower / "profile.parquet")
+    frame["seconds"] *= 1.1
+    frame.to_parquet(slower / "profile.parquet", index=False)
+    proc = subprocess.run([sys.executable, "benchmarks/calibration_repeatability.py", str(bundle), str(slower)],
+                          cwd=REPO, capture_output=True, text=True, check=True)
+    assert f"{len(frame)} shared points, median |B/A - 1| 10.0%" in proc.stdout
+    assert "median B/A 1.100" in proc.stdout
+
+    other = tmp_path / "other"
+    shutil.copytree(bundle, other)
+    meta = json.loads((other / "meta.json").read_text())
+    meta["dtype"] = "bf16"
+    (other / "meta.json").write_text(json.dumps(meta))
+    proc = subprocess.run([sys.executable, "benchmarks/calibration_repeatability.py", str(bundle), str(other)],
+                          cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.strip().startswith("error: the bundles are of different")

@@ -7,7 +7,10 @@ unusable is a ScenarioError on `calibration` with one line saying what is wrong.
 profile.parquet, one row per measurement:
   op         operator name (profiler/operators.py)
   batch, query, kv, tokens, context, budget, bytes   the point (0 for dims the op does not have)
-  seconds    median time; spread: interquartile range / median; runs: timed calls
+  seconds    the median of the point's timing rounds (each round the median of many calls)
+  spread     (slowest - fastest round) / median (one round: that round's interquartile range / median)
+  runs       timed calls, all rounds together
+  round_seconds   every round's time (optional: bundles before it lack the column)
   held_out   True for the off-grid points that measure the interpolation's error
   flops, bytes_moved   the work at that point (profiler inspect's achieved rates)
 """

@@ -6,13 +6,13 @@ calibration bundle (DIR/profile.parquet + DIR/meta.json) for the simulator's cal
    small batch, plus off-grid points held out of the tables. Each point is timed in several rounds
    (each round a median of many calls), the points of a round in a fresh seeded random order, and
    the median round kept (every round's time stays in the bundle, `round_seconds`): a shared
-   machine changes speed for seconds to minutes at a time (on the CI VM by 20% between minutes),
+   machine changes speed for seconds to minutes at a time (on the CI VM, calibrations hours apart
+   differ in level by up to 7% and point by point by about 10%),
    and interleaving spreads those states over the grid. The median repeats better than the best
-   round (measured here, `benchmarks/calibration_repeatability.py`: between halves of a bundle's
-   rounds 10.9% against 12.8%, and 8.3% against 11.1% on a 6-round subset) for the same held-out
-   error (7.8% and 7.7% for 3 rounds); more rounds did not lower it within the time target (7.8%
-   for the median of 5, 953 s), because two calibrations of this machine repeat each other's
-   points only within 9.5-10.7% (median): the floor under any held-out error here.
+   round (between halves of the 5-round bundle's rounds, 10.9% against 12.8%) for the same
+   held-out error (7.8% and 7.7% of 3 rounds there; 7.8% for the median of 5, which took 953 s):
+   two calibrations of this machine time the same point 8.4-10.3% apart (median), the floor under
+   any held-out error here (`benchmarks/calibration_repeatability.py` on calibration/cpu/).
 2. Whole forwards against the composed operators: the factor measured / composed against the
    forward's query tokens and KV tokens (decode batches 1-16 and verification at KV 256, 1024 and
    4096; prompts), which the cost model multiplies every forward by. Whole forwards are the median

@@ -117,9 +117,10 @@ def read_runs(paths: list[Path]) -> list[LiveRun]:
 
 def merge_repeats(runs: list[LiveRun]) -> list[LiveRun]:
     """Folders of the same name are repeats of one run (a study's repeats/N/NAME): the fastest
-    stands for the run, as the best round does in calibration (a shared machine has slow spells,
-    never fast ones), and every repeat's throughput is kept to show the spread. Repeats must have
-    the same arguments."""
+    stands for the run (this machine's slow spells last tens of seconds, so the faster pass is the
+    one they missed), and every repeat's throughput is kept to show the spread. (Calibration keeps
+    the median of its rounds instead, which repeats better over 3-5 interleaved rounds; a run has
+    two passes, whole runs apart.) Repeats must have the same arguments."""
     by_name: dict[str, list[LiveRun]] = {}
     for run in runs:
         by_name.setdefault(run.name, []).append(run)

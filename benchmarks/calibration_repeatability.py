@@ -30,13 +30,17 @@ def read(folder: Path):
     return meta, pd.read_parquet(folder / "profile.parquet")
 
 
+def grid_of(meta: dict) -> dict:
+    return {op: spec["axes"] for op, spec in meta["grid"].items()}
+
+
 def print_estimators(folder: Path, meta: dict, frame) -> None:
     """Held-out error of the median and of the best of the first n stored rounds, and half-vs-half."""
     import numpy as np
 
     from profiler.calibrate import held_out_error
 
-    grid = {op: spec["axes"] for op, spec in meta["grid"].items()}
+    grid = grid_of(meta)
     rounds = [np.asarray(r, dtype=float) for r in frame.round_seconds]
     count = min(len(r) for r in rounds)
     if count < 2:
@@ -51,11 +55,10 @@ def print_estimators(folder: Path, meta: dict, frame) -> None:
             cells.append(f"{name} of {n} {held['median_abs_error']:.1%}")
         print("  " + ", ".join(cells))
     half = count // 2
-    if half >= 1:
-        for name, reduce in (("median", np.median), ("best", np.min)):
-            a, b = reduce(table[:, :half], axis=1), reduce(table[:, half:2 * half], axis=1)
-            print(f"  {name} of rounds 1-{half} against {name} of rounds {half + 1}-{2 * half}: "
-                  f"median |B/A - 1| {np.median(np.abs(b / a - 1)):.1%}")
+    for name, reduce in (("median", np.median), ("best", np.min)):
+        a, b = reduce(table[:, :half], axis=1), reduce(table[:, half:2 * half], axis=1)
+        print(f"  {name} of rounds 1-{half} against {name} of rounds {half + 1}-{2 * half}: "
+              f"median |B/A - 1| {np.median(np.abs(b / a - 1)):.1%}")
 
 
 def main() -> int:
@@ -82,8 +85,7 @@ def main() -> int:
 
     print("bundle | measured | wall time | held-out median (P90)")
     for folder, meta, frame in bundles:
-        grid = {op: spec["axes"] for op, spec in meta["grid"].items()}
-        held = held_out_error(frame, grid, [])
+        held = held_out_error(frame, grid_of(meta), [])
         print(f"{folder} | {meta['date']} | {meta.get('duration_s', '-')} s | "
               f"{held['median_abs_error']:.1%} ({held['p90_abs_error']:.1%}) over {held['points']} points")
 

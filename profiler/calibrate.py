@@ -231,7 +231,7 @@ def calibrate_command(args) -> int:
     else:
         rng = np.random.default_rng(args.seed)
         held = held_out_points(grid, rng, per_op=3 if args.quick else 6)
-        frame = measure_operators(config, dtype, device, grid, held, rounds, args.seed, quick=args.quick)
+        frame = measure_operators(config, dtype, device, grid, held, rounds, args.seed)
         meta = bundle_meta(args, config, model_name, dtype_name, device, device_name, grid, rounds)
     fits, forward_checks = {}, []
     needed = [op for op in (*(f"linear.{n}" for n in ("qkv", "o", "gate_up", "down")), "elementwise",
@@ -279,7 +279,7 @@ def reuse_operators(bundle_dir: Path, config, dtype_name: str, device_name: str)
     return frame, meta
 
 
-def measure_operators(config, dtype, device, grid, held, rounds, seed, quick):
+def measure_operators(config, dtype, device, grid, held, rounds, seed):
     """Time every grid and held-out point `rounds` times in shuffled order; one row per point: the
     median round (`seconds`), every round (`round_seconds`) and their range over the median (`spread`)."""
     import numpy as np

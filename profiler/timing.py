@@ -30,7 +30,7 @@ def time_call(fn: Callable[[], object], device: str, min_run_time_s: float = 0.0
 
 
 # A CPU block's length: long enough that reading the clock (well under a microsecond) is under
-# 0.1% of it, short enough that a point timed for 30 ms still gives a dozen blocks.
+# 0.1% of it, short enough that a point timed for 20 ms (calibrate's budget) still gives ten blocks.
 CPU_BLOCK_S = 2e-3
 
 

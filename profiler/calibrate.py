@@ -18,8 +18,11 @@ calibration bundle (DIR/profile.parquet + DIR/meta.json) for the simulator's cal
    4096; prompts), which the cost model multiplies every forward by. Whole forwards are the median
    of interleaved repeats: the operators' median rounds give each term's shape, whole forwards give
    the level the engine meets on this machine in its usual state.
+   SpecPV's block selection timed inside partial-verification forwards against its table, a factor
+   over batch and context (it runs 1.2-2.2 times slower there than alone, more than the forward's).
    The engine's host time per step: `speculative_generate` decoding at batch 1 to 16, its wall time
    minus its forwards (timed by hooks on the model) and its acceptance, fitted as fixed + per request.
+   (profiler/engine_fits.py; `--refit BUNDLE` redoes only this step.)
 3. Held-out error: each held-out point against the tables' interpolation, and whole forwards at
    off-grid shapes against the composed prediction; median, P90 and worst go in meta.json.
 """
@@ -239,6 +242,8 @@ def calibrate_command(args) -> int:
     if needed:
         print(f"note: no engine fits without {', '.join(needed)} (an --operators subset)")
     else:
+        from profiler.engine_fits import fit_engine_overheads
+
         with tempfile.TemporaryDirectory() as provisional:
             write_bundle(Path(provisional), frame, meta)
             fits, forward_checks = fit_engine_overheads(config, dtype, device, model_name, dtype_name,
@@ -434,116 +439,6 @@ def write_bundle(out: Path, frame, meta: dict) -> None:
         raise
 
 
-def _scenario(model_name: str, dtype_name: str, bundle: Path, hardware: str):
-    """A scenario of this model on this device, reading the bundle (for its composed forwards)."""
-    from sim.scenario import load_scenario
-
-    return load_scenario({"model": model_name, "dtype": dtype_name, "hardware": hardware, "calibration": str(bundle),
-                          "engine": "gpt-fast"})
-
-
-def fit_engine_overheads(config, dtype, device, model_name, dtype_name, hardware, bundle: Path, seed: int,
-                         quick: bool):
-    """The live engine's host time per decoding step, fitted as fixed + per request, and whole
-    forwards at off-grid shapes against the provisional bundle's composed prediction."""
-    import numpy as np
-    import torch
-
-    from profiler.loaders import random_model
-    from profiler.speculative import speculative_generate
-    from profiler.timing import time_call, timed_forwards
-    from sim.cost.batch import DECODE, PHASES, PREFILL, VERIFY, Group
-    from sim.cost.bundle import load_bundle
-    from sim.cost.calibrated import CalibratedCostModel
-    from sim.cost.table import OperatorTable
-
-    cost = CalibratedCostModel(_scenario(model_name, dtype_name, bundle, hardware), load_bundle(bundle))
-    target = _target_stack(cost)
-    model = random_model(config, dtype, device, seed).model
-    generator = torch.Generator().manual_seed(seed)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-
-    def predicted_forward(batch, query, kv):
-        if query > 64:      # a prompt: one request's chunk each, logits of its last token
-            group = Group(PREFILL, batch, batch * query, query, batch * kv, batch, [query] * batch, [kv] * batch)
-        else:
-            group = Group(DECODE if query == 1 else VERIFY, batch, batch * query, query, batch * kv, batch * query)
-        return cost.forward(target, [group], [0.0] * len(PHASES))
-
-    def measured_forward(batch, query, kv):
-        model.setup_cache(batch, kv + 1)
-        tokens = torch.randint(0, config.vocab, (batch, query), generator=generator).to(device)
-        positions = (kv - query + torch.arange(query)).expand(batch, query).to(device)
-        logits_at = torch.full((batch,), query - 1, device=device) if query > 64 else None
-        with torch.inference_mode():
-            return time_call(lambda: model(tokens, positions, logits_at=logits_at), device, 0.3).median_s
-
-    # Whole forwards run slower than their operators timed one by one (Python between operators,
-    # the matmul library's threads sleeping between them), by a factor that depends on the tokens:
-    # measure it on whole forwards (decode batches, then prompts), the median of interleaved
-    # repeats: the operators' median rounds give each term's shape, whole forwards as the engine
-    # meets them (the machine's usual state, not its best) give the level.
-    # In a forward, attention also runs slower than alone, more so the more KV it reads: the factor
-    # is a table over (query tokens, KV tokens), decode and verification at three KV lengths.
-    tokens_axis = [1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128, 256, 512, 1024]
-    kv_axis = [256, 1024, 4096]
-    checks = [(5, 1, 700), (10, 1, 300), (3, 4, 900), (8, 3, 200), (2, 1, 1500), (6, 8, 128), (1, 384, 384)]
-    if quick:
-        tokens_axis, kv_axis, checks = [1, 3, 6, 16, 64, 128], [256, 2048], checks[::2]
-    fits_context = lambda n: n < config.max_context
-    tokens_axis = [t for t in tokens_axis if t <= 64 or fits_context(t)]
-    kv_axis = [kv for kv in kv_axis if fits_context(kv)] or [config.max_context // 2]
-    checks = [c for c in checks if fits_context(c[2])]
-
-    def shape_of(tokens: int, kv: int) -> tuple[int, int, int]:
-        if tokens <= 16:
-            return tokens, 1, kv                 # decode batches
-        if tokens <= 64:
-            return 16, tokens // 16, kv          # verification of 16 requests
-        return 1, tokens, tokens                 # a prompt (reads itself whatever the KV column)
-
-    shapes = {shape_of(t, kv) for t in tokens_axis for kv in kv_axis}
-    measured: dict[tuple, list[float]] = {shape: [] for shape in sorted(shapes)}
-    for _ in range(1 if quick else 3):
-        for shape in measured:
-            measured[shape].append(measured_forward(*shape))
-    ratio = {shape: float(np.median(m)) / predicted_forward(*shape) for shape, m in measured.items()}
-    factor = [[ratio[shape_of(t, kv)] for kv in kv_axis] for t in tokens_axis]
-    cost.forward_factor = OperatorTable("forward_factor", ("tokens", "kv"),
-                                        [np.asarray(tokens_axis, dtype=float), np.asarray(kv_axis, dtype=float)],
-                                        np.asarray(factor), linear_above=False)
-    forward_checks = [{"batch": b, "query": q, "kv": kv,
-                       "measured_s": float(np.median([measured_forward(b, q, kv) for _ in range(1 if quick else 3)])),
-                       "predicted_s": predicted_forward(b, q, kv)} for b, q, kv in checks]
-
-    # Host time per step: a decoding run's wall time minus its forwards (timed by hooks on the
-    # model, synchronized) minus the acceptance the cost model adds on its own.
-    accept = cost.bundle.table("accept")
-    batches, host = ([1, 4, 16], []) if quick else ([1, 2, 4, 8, 16], [])
-    prompt_tokens, new_tokens = 128, 12 if quick else 24
-    with timed_forwards(model, sync) as forward_s:
-        for batch in batches:
-            prompts = torch.randint(0, config.vocab, (batch, prompt_tokens), generator=generator).tolist()
-            per_step = []
-            for _ in range(1 if quick else 3):
-                forward_s.clear()
-                gen = speculative_generate(model, prompts, new_tokens, None)
-                steps = len({s.step for s in gen.steps})
-                per_step.append((gen.wall_s - gen.prefill_s - sum(forward_s[1:])) / steps)
-            host.append(float(np.median(per_step)) - (accept(batch, 1) if accept is not None else 0.0))
-    slope, intercept = np.polyfit(batches, host, 1)
-    fits = {"forward_factor": {"tokens": tokens_axis, "kv": kv_axis, "factor": factor},
-            "step_overhead_s": max(0.0, float(intercept)), "request_overhead_s": max(0.0, float(slope)),
-            "step_host_s": dict(zip(map(str, batches), host))}
-    return fits, forward_checks
-
-
-def _target_stack(cost):
-    from sim.cost.stack import build_stacks
-
-    return build_stacks(cost.scenario).target
-
-
 def held_out_error(frame, grid, forward_checks) -> dict:
     """|interpolated - measured| / measured at every held-out point, and of the composed forwards."""
     import numpy as np
@@ -582,4 +477,7 @@ def format_calibration_summary(out: Path, meta: dict) -> str:
                   f"whole forward / composed operators: {np.min(fits['forward_factor']['factor']):.2f} to "
                   f"{np.max(fits['forward_factor']['factor']):.2f}; step overhead {fits['step_overhead_s'] * 1e6:.0f} us "
                   f"+ {fits['request_overhead_s'] * 1e6:.0f} us per request"]
+        if "selection_factor" in fits:
+            lines.append(f"selection in forwards / alone: {np.min(fits['selection_factor']['factor']):.2f} to "
+                         f"{np.max(fits['selection_factor']['factor']):.2f}")
     return "\n".join(lines)

@@ -28,8 +28,9 @@ def add_study_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="folder of the run folders (resumed when it exists)")
     parser.add_argument("--only", nargs="+", default=None, metavar="RUN", help="run only these runs of the study")
     parser.add_argument("--repeat", type=int, default=1,
-                        help="which repeat of the study to run: 1 writes DIR/NAME, N > 1 writes DIR/repeats/N/NAME, "
-                             "in reverse order (so a slow spell of the machine does not hit the same runs twice)")
+                        help="which repeat of the study to run: 1 writes DIR/NAME, N > 1 writes DIR/repeats/N/NAME; "
+                             "even repeats run in reverse order (so a slow spell of the machine does not hit the "
+                             "same runs every time)")
 
 
 def repeat_folder(out: Path, repeat: int) -> Path:
@@ -120,7 +121,7 @@ def study_command(args) -> int:
         raise ScenarioError("--repeat", f"must be >= 1 (got {args.repeat})")
     out = repeat_folder(args.out, args.repeat)
     runs = parse_runs(study, args.text, out, args.only)
-    if args.repeat > 1:
+    if args.repeat % 2 == 0:
         runs = runs[::-1]
     record_path = out / "study.json"
     record = {"study": study["name"], "file": study["path"], "runs": {}}

@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
                                           "cpu-default, smoke, or a YAML file), then validate them")
     validate.add_argument("--text", type=Path, help="with --study: the long text prompts are cut from")
     validate.add_argument("--repeats", type=int, help="with --study: how many times to run it (default: the "
-                                                      "study's `repeats`); each run is measured by its fastest repeat")
+                                                      "study's `repeats`); each run is measured by its median repeat")
     validate.add_argument("--calibration", type=Path,
                           help="calibration bundle (default: the study's, else the roofline model)")
     validate.add_argument("--out", type=Path, help="write validation.csv and parity.html here (with --study: "

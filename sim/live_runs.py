@@ -116,11 +116,12 @@ def read_runs(paths: list[Path]) -> list[LiveRun]:
 
 
 def merge_repeats(runs: list[LiveRun]) -> list[LiveRun]:
-    """Folders of the same name are repeats of one run (a study's repeats/N/NAME): the fastest
-    stands for the run (this machine's slow spells last tens of seconds, so the faster pass is the
-    one they missed), and every repeat's throughput is kept to show the spread. (Calibration keeps
-    the median of its rounds instead, which repeats better over 3-5 interleaved rounds; a run has
-    two passes, whole runs apart.) Repeats must have the same arguments."""
+    """Folders of the same name are repeats of one run (a study's repeats/N/NAME): the median pass by
+    throughput stands for the run (of an even number, the faster of the middle two), and every
+    repeat's throughput is kept to show the spread. This machine has slow spells of tens of
+    seconds; the median pass is the machine's usual state, the level calibration measures too (the
+    median of its rounds, and of interleaved whole forwards), where the fastest pass would set the
+    measured side at its best state. Repeats must have the same arguments."""
     by_name: dict[str, list[LiveRun]] = {}
     for run in runs:
         by_name.setdefault(run.name, []).append(run)
@@ -129,9 +130,10 @@ def merge_repeats(runs: list[LiveRun]) -> list[LiveRun]:
         arguments = {json.dumps({k: v for k, v in r.args.items() if k != "out"}, sort_keys=True) for r in group}
         if len(arguments) > 1:
             raise ScenarioError("RUN_DIR", f"two runs named {name} have different arguments; give each run its own name")
-        fastest = max(group, key=lambda r: float(r.summary["throughput_tok_s"]))
-        fastest.repeat_tok_s = tuple(float(r.summary["throughput_tok_s"]) for r in group)
-        merged.append(fastest)
+        by_speed = sorted(group, key=lambda r: -float(r.summary["throughput_tok_s"]))
+        median = by_speed[(len(by_speed) - 1) // 2]
+        median.repeat_tok_s = tuple(float(r.summary["throughput_tok_s"]) for r in group)
+        merged.append(median)
     return merged
 
 

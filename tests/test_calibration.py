@@ -141,6 +141,40 @@ def copy_bundle(tmp_path: Path) -> Path:
     return target
 
 
+def with_selection_factor(tmp_path: Path, factor) -> Path:
+    bundle = copy_bundle(tmp_path)
+    meta = json.loads((bundle / "meta.json").read_text())
+    meta["fits"]["selection_factor"] = {"batch": [1, 4], "context": [512, 2048], "budgets": [256, 1024],
+                                        "factor": factor}
+    (bundle / "meta.json").write_text(json.dumps(meta))
+    return bundle
+
+
+def test_selection_is_priced_by_its_own_factor_measured_in_forwards(tmp_path):
+    from sim.cost.batch import PHASES
+    from sim.cost.calibrated import cost_model_for
+    from sim.cost.stack import build_stacks
+    from sim.scenario import load_scenario
+
+    def selection_s(bundle, part):
+        scenario = load_scenario(smollm2_scenario(calibration=str(bundle)))
+        cost = cost_model_for(scenario)
+        return cost.selection(build_stacks(scenario).target, 1, 1024, 5, 1024, 16, [0.0] * len(PHASES), part=part)
+
+    doubled = with_selection_factor(tmp_path / "a", [[2.0, 2.0], [2.0, 2.0]])
+    table = load_bundle(BUNDLE).table("selection")
+    # Scores: layers x table x the measured factor, not the whole-forward factor (held past its
+    # shapes, interpolated between them).
+    assert selection_s(doubled, "scores") == pytest.approx(30 * table(1, 1024, 1024) * 2.0, rel=1e-12)
+    assert selection_s(doubled, "summaries") == selection_s(BUNDLE, "summaries")
+    assert selection_s(BUNDLE, "scores") != pytest.approx(selection_s(doubled, "scores"), rel=0.05)
+    ramp = with_selection_factor(tmp_path / "b", [[1.0, 4.0], [1.0, 4.0]])
+    assert selection_s(ramp, "scores") == pytest.approx(30 * table(1, 1024, 1024) * 2.0, rel=1e-12)  # log-midpoint
+    broken = with_selection_factor(tmp_path / "c", [[2.0, 2.0]])
+    with pytest.raises(ScenarioError, match="selection_factor has"):
+        load_bundle(broken)
+
+
 def test_bundle_for_another_model_or_dtype_is_an_error_naming_both():
     with pytest.raises(ScenarioError, match="smollm2-135m fp32, the scenario runs llama-3.2-1b fp32"):
         simulate(smollm2_scenario(model="llama-3.2-1b"))
@@ -213,6 +247,11 @@ def test_calibrate_writes_a_complete_bundle(tiny_bundle):
     assert meta["held_out"]["points"] > 0 and math.isfinite(meta["held_out"]["median_abs_error"])
     fits = meta["fits"]
     assert np.min(fits["forward_factor"]["factor"]) > 0 and fits["step_overhead_s"] >= 0
+    # Selection timed in partial-verification forwards of the tiny model: batch 1 and 4 at the one
+    # context that fits its 1,024 positions.
+    selection = fits["selection_factor"]
+    assert selection["batch"] == [1, 4] and selection["context"] == [512]
+    assert np.min(selection["factor"]) > 0 and bundle.selection_factor() is not None
     import pandas as pd
 
     frame = pd.read_parquet(out / "profile.parquet")

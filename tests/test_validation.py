@@ -16,6 +16,7 @@ pd = pytest.importorskip("pandas")
 
 from sim.acceptance import ReplayAcceptance  # noqa: E402
 from sim.fit_acceptance import fit_disagreement, fit_drafter, read_vllm_metrics  # noqa: E402
+from sim.errors import ScenarioError  # noqa: E402
 from sim.live_runs import LiveRun  # noqa: E402
 from sim.simulate import simulate  # noqa: E402
 
@@ -35,6 +36,23 @@ def synthetic_run(tmp_path, name, accepted_by_request, depth=4, prompt=600, meth
     args = {"k": depth, "tree": None, "batch": 1, "method": method, **(extra or {})}
     meta = {"arguments": args, "device": "cpu", "dtype": "float32", "seed": 0}
     return LiveRun(tmp_path / name, meta, {"method": method, "throughput_tok_s": 1.0}, requests, pd.DataFrame(rows))
+
+
+def test_the_median_repeat_stands_for_a_run(tmp_path):
+    from sim.live_runs import merge_repeats
+
+    def repeat(n, tok_s, **extra):
+        run = synthetic_run(tmp_path / str(n), "ngram-c512-b1", [[1, 2]], extra=extra)
+        run.summary["throughput_tok_s"] = tok_s
+        return run
+
+    three = merge_repeats([repeat(1, 9.0), repeat(2, 12.0), repeat(3, 10.0)])
+    assert len(three) == 1 and three[0].path == tmp_path / "3" / "ngram-c512-b1"
+    assert three[0].repeat_tok_s == (9.0, 12.0, 10.0)
+    two = merge_repeats([repeat(1, 9.0), repeat(2, 12.0)])
+    assert two[0].path == tmp_path / "2" / "ngram-c512-b1"         # of two, the faster
+    with pytest.raises(ScenarioError, match="different arguments"):
+        merge_repeats([repeat(1, 9.0), repeat(2, 9.0, budget=256)])
 
 
 def geometric(rng, rate, depth, steps):

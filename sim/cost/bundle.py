@@ -68,6 +68,19 @@ class Bundle:
         plane = np.maximum((design @ coef).reshape(measured.shape), 1e-3)
         return OperatorTable("forward_factor", ("tokens", "kv"), [tokens, kv], plane, linear_above=False)
 
+    def selection_factor(self) -> OperatorTable | None:
+        """SpecPV's selection timed inside partial-verification forwards / the selection table, against
+        batch and context (profiler/engine_fits.py); None in a bundle without it (the whole-forward
+        factor prices selection then). Held, not extrapolated, outside its shapes."""
+        fit = self.fits.get("selection_factor")
+        if not fit:
+            return None
+        batch, context = np.asarray(fit["batch"], dtype=float), np.asarray(fit["context"], dtype=float)
+        measured = np.asarray(fit["factor"], dtype=float)
+        if measured.shape != (len(batch), len(context)):
+            raise ValueError(f"selection_factor has {measured.shape} values for {len(batch)} x {len(context)} shapes")
+        return OperatorTable("selection_factor", ("batch", "context"), [batch, context], measured, linear_above=False)
+
     @property
     def label(self) -> str:
         m = self.meta
@@ -118,6 +131,7 @@ def _load(folder: Path, stamp: tuple) -> Bundle:
             meta[key]
         bundle = Bundle(folder, meta, tables, meta.get("fits", {}))
         bundle.forward_factor()
+        bundle.selection_factor()
     except (KeyError, TypeError, ValueError) as exc:
         raise ScenarioError("calibration", f"{folder} is inconsistent: {exc.__class__.__name__} {exc}") from None
     return bundle

@@ -138,6 +138,7 @@ class CalibratedCostModel(RooflineCostModel):
         fits = bundle.fits
         self.forward_base = bundle.table("forward_base")
         self.forward_factor = bundle.forward_factor()
+        self.selection_factor = bundle.selection_factor()
         self.step_fixed_s = float(fits.get("step_overhead_s", 0.0))
         self.step_per_request_s = float(fits.get("request_overhead_s", 0.0))
         self.verify_tokens = scenario.speculation.verify_tokens
@@ -248,12 +249,15 @@ class CalibratedCostModel(RooflineCostModel):
             return super().selection(stack, requests, context_sum, query_tokens_sum, budget_tokens, block_tokens,
                                      shares, part)
         context = context_sum / requests
-        per_layer = ((summaries(requests, context) if part != "scores" else 0.0)
-                     + (select(requests, context, budget_tokens) if part != "summaries" else 0.0))
-        # Selection runs inside the forward's layers, between its other operators: slower than
-        # alone by the same whole-forward factor.
-        scale = self.forward_factor(query_tokens_sum, context) if self.forward_factor is not None else 1.0
-        seconds = stack.layers * per_layer * scale
+        # Both run amid the engine's other work, slower than alone: the summaries (a loop over the
+        # layers after a full verification) by the whole-forward factor; the selection, some twenty
+        # small operators between a layer's matmuls, by its own factor measured inside
+        # partial-verification forwards where the bundle has one.
+        forward_scale = self.forward_factor(query_tokens_sum, context) if self.forward_factor is not None else 1.0
+        select_scale = self.selection_factor(requests, context) if self.selection_factor is not None else forward_scale
+        per_layer = ((summaries(requests, context) * forward_scale if part != "scores" else 0.0)
+                     + (select(requests, context, budget_tokens) * select_scale if part != "summaries" else 0.0))
+        seconds = stack.layers * per_layer
         shares[SELECTION] += seconds
         return seconds
 

@@ -15,14 +15,15 @@ calibration bundle (DIR/profile.parquet + DIR/meta.json) for the simulator's cal
    any held-out error here (`benchmarks/calibration_repeatability.py` on calibration/cpu/).
 2. Whole forwards against the composed operators: the factor measured / composed against the
    forward's query tokens and KV tokens (decode batches 1-16 and verification at KV 256, 1024 and
-   4096; prompts), which the cost model multiplies every forward by. Whole forwards are the median
-   of interleaved repeats: the operators' median rounds give each term's shape, whole forwards give
-   the level the engine meets on this machine in its usual state.
-   SpecPV's block selection timed inside partial-verification forwards against its table, a factor
-   over batch and context (it runs 1.2-2.2 times slower there than alone, more than the forward's).
-   The engine's host time per step: `speculative_generate` decoding at batch 1 to 16, its wall time
-   minus its forwards (timed by hooks on the model) and its acceptance, fitted as fixed + per request.
-   (profiler/engine_fits.py; `--refit BUNDLE` redoes only this step.)
+   4096; prompts), which the cost model multiplies every forward by. SpecPV's block selection
+   timed inside partial-verification forwards against its table, a factor over batch and context
+   (it runs 1.1-2.2 times slower there than alone, more than the forward's factor). The engine's
+   host time per step: `speculative_generate` decoding at batch 1 to 16, its wall time minus its
+   forwards (timed by hooks on the model) and its acceptance, fitted as fixed + per request.
+   A round of these follows each round of operators, and each is the median of its rounds: the
+   operators' median rounds give each term's shape, whole forwards over the same minutes give the
+   level the engine meets on this machine in its usual state (profiler/engine_fits.py;
+   `--refit BUNDLE` redoes only this step, its rounds back to back).
 3. Held-out error: each held-out point against the tables' interpolation, and whole forwards at
    off-grid shapes against the composed prediction; median, P90 and worst go in meta.json.
 """
@@ -189,6 +190,7 @@ def hardware_name(device_name: str, cuda: bool) -> str:
 def calibrate_command(args) -> int:
     import numpy as np
     import torch
+    from tqdm import tqdm
 
     if args.engine == "hf":
         from profiler.hf_engine import calibrate_hf
@@ -231,24 +233,32 @@ def calibrate_command(args) -> int:
         frame, meta = reuse_operators(args.refit, config, dtype_name, device_name)
         grid = {op: spec["axes"] for op, spec in meta["grid"].items()}
         out = args.out or args.refit
+    needed = [op for op in (*(f"linear.{n}" for n in ("qkv", "o", "gate_up", "down")), "elementwise",
+                            "attention", "attention_prefill", "lm_head") if op not in grid]
+    probe = None
+    if needed:
+        if args.refit is not None:
+            raise ScenarioError("--refit", f"{args.refit} has no {', '.join(needed)} to fit the engine against")
+        print(f"note: no engine fits without {', '.join(needed)} (an --operators subset)")
+    else:
+        from profiler.engine_fits import EngineProbe
+
+        probe = EngineProbe(config, dtype, device, args.seed, args.quick,
+                            selection="selection" in grid and "summaries" in grid)
+    if args.refit is not None:
+        for _ in tqdm(range(rounds), desc="engine rounds", unit="round"):
+            probe.measure_round()
     else:
         rng = np.random.default_rng(args.seed)
         held = held_out_points(grid, rng, per_op=3 if args.quick else 6)
-        frame = measure_operators(config, dtype, device, grid, held, rounds, args.seed)
+        frame = measure_operators(config, dtype, device, grid, held, rounds, args.seed,
+                                  after_round=probe.measure_round if probe is not None else None)
         meta = bundle_meta(args, config, model_name, dtype_name, device, device_name, grid, rounds)
     fits, forward_checks = {}, []
-    needed = [op for op in (*(f"linear.{n}" for n in ("qkv", "o", "gate_up", "down")), "elementwise",
-                            "attention", "attention_prefill", "lm_head") if op not in grid]
-    if needed:
-        print(f"note: no engine fits without {', '.join(needed)} (an --operators subset)")
-    else:
-        from profiler.engine_fits import fit_engine_overheads
-
+    if probe is not None:
         with tempfile.TemporaryDirectory() as provisional:
             write_bundle(Path(provisional), frame, meta)
-            fits, forward_checks = fit_engine_overheads(config, dtype, device, model_name, dtype_name,
-                                                        meta["device"]["hardware"], Path(provisional), args.seed,
-                                                        quick=args.quick)
+            fits, forward_checks = probe.fit(model_name, dtype_name, meta["device"]["hardware"], Path(provisional))
     meta["fits"] = fits
     meta["held_out"] = held_out_error(frame, grid, forward_checks)
     if args.refit is not None:
@@ -284,9 +294,10 @@ def reuse_operators(bundle_dir: Path, config, dtype_name: str, device_name: str)
     return frame, meta
 
 
-def measure_operators(config, dtype, device, grid, held, rounds, seed):
-    """Time every grid and held-out point `rounds` times in shuffled order; one row per point: the
-    median round (`seconds`), every round (`round_seconds`) and their range over the median (`spread`)."""
+def measure_operators(config, dtype, device, grid, held, rounds, seed, after_round=None):
+    """Time every grid and held-out point `rounds` times in shuffled order, calling `after_round()`
+    after each round (the engine's whole forwards); one row per point: the median round
+    (`seconds`), every round (`round_seconds`) and their range over the median (`spread`)."""
     import numpy as np
     import pandas as pd
     import torch
@@ -320,6 +331,10 @@ def measure_operators(config, dtype, device, grid, held, rounds, seed):
                 times[key].append(time_call(fn, device, min_run_time_s))
                 del fn, bench
                 bar.update()
+            if after_round is not None:
+                bar.set_postfix_str(f"engine round {r + 1}")
+                after_round()
+                bar.set_postfix_str("")
     rows = []
     for (op, point, held_out), timings in times.items():
         p = dict(point)

@@ -1,22 +1,179 @@
-"""The live engine's costs that no single operator shows, fitted on whole forwards and steps for a
-calibration bundle (`profiler calibrate`, step 2; `--refit` redoes only these).
+"""The live engine's costs that no single operator shows, measured on whole forwards and decoding
+steps and fitted against a bundle's operator tables (`profiler calibrate`, step 2).
 
 - forward_factor: whole forwards run slower than their operators timed one by one (Python between
   operators, the matmul library's threads sleeping between them): measured / composed, against the
   forward's query tokens and KV tokens.
 - selection_factor: SpecPV's block selection (Quest scores, top-k, the partial index: some twenty
   small operators per layer) timed inside partial-verification forwards against the selection
-  table: between a layer's large matmuls it runs 1.5-2.5 times slower than in a loop of its own on
-  this CPU (the whole-forward factor, about 1.1 at five tokens, is the large operators' ratio and
-  did not cover it: the six SpecPV runs of the validation study measured 26-35% more selection
-  time per token than that predicted).
+  table: between a layer's large matmuls it runs 1.1-2.2 times slower than in a loop of its own on
+  this CPU. The whole-forward factor (about 1.1 at five tokens) is the large operators' ratio and
+  left the six SpecPV runs of the validation study with 26-35% more selection time per token than
+  predicted.
 - step_overhead_s + request_overhead_s: the engine's host time per decoding step, fixed and per
   request.
-Every fit goes in meta.json's "fits"; sim/cost/bundle.py reads them.
+
+`EngineProbe` measures one round of everything at a time; calibrate runs a round after each round
+of operator timing, so whole forwards and operators are timed over the same minutes and their ratio
+is not one spell of this machine's (whole forwards timed in one two-minute block after the operators
+read 5-15% slower than the operators' median state in one calibration). `--refit` runs the rounds
+back to back. Every fit goes in meta.json's "fits"; sim/cost/bundle.py reads them.
 """
 from __future__ import annotations
 
 from pathlib import Path
+
+# A step of SpecPV partial verification, as the selection operator is timed (profiler/operators.py).
+SELECTION_BUDGETS = [256, 1024]
+
+
+class EngineProbe:
+    def __init__(self, config, dtype, device: str, seed: int, quick: bool, selection: bool):
+        """selection: also time SpecPV's selection in partial-verification forwards (needs the
+        bundle's summaries and selection tables; CPU only, see `fit_selection_factor`)."""
+        import torch
+
+        from profiler.loaders import random_model
+
+        self.config, self.device, self.quick = config, device, quick
+        self.model = random_model(config, dtype, device, seed).model
+        self.generator = torch.Generator().manual_seed(seed)
+        self.sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+        # In a forward, attention also runs slower than alone, more so the more KV it reads: the
+        # factor is a table over (query tokens, KV tokens), decode and verification at three KV
+        # lengths, prompts along the tokens.
+        tokens_axis = [1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128, 256, 512, 1024]
+        kv_axis = [256, 1024, 4096]
+        checks = [(5, 1, 700), (10, 1, 300), (3, 4, 900), (8, 3, 200), (2, 1, 1500), (6, 8, 128), (1, 384, 384)]
+        if quick:
+            tokens_axis, kv_axis, checks = [1, 3, 6, 16, 64, 128], [256, 2048], checks[::2]
+        fits_context = lambda n: n < config.max_context
+        self.tokens_axis = [t for t in tokens_axis if t <= 64 or fits_context(t)]
+        self.kv_axis = [kv for kv in kv_axis if fits_context(kv)] or [config.max_context // 2]
+        shapes = {forward_shape(t, kv) for t in self.tokens_axis for kv in self.kv_axis}
+        self.forward_s: dict[tuple, list[float]] = {shape: [] for shape in sorted(shapes)}
+        self.check_s: dict[tuple, list[float]] = {c: [] for c in checks if fits_context(c[2])}
+        self.batches = [1, 4, 16] if quick else [1, 2, 4, 8, 16]
+        self.host_s: dict[int, list[float]] = {b: [] for b in self.batches}
+        self.selection_batches = [1, 4] if quick else [1, 4, 16]
+        self.selection_contexts = [c for c in ([512, 2048] if quick else [512, 2048, 6144])
+                                   if c + 8 <= config.max_context] if selection and device != "cuda" else []
+        self.selection_s: dict[tuple, list[float]] = {
+            (b, c, k): [] for b in self.selection_batches for c in self.selection_contexts for k in SELECTION_BUDGETS}
+
+    def measure_round(self) -> None:
+        """One round: every whole-forward shape and check, a decoding run per batch, and selection
+        in partial-verification forwards."""
+        import torch
+
+        from profiler.speculative import speculative_generate
+        from profiler.timing import timed_forwards
+
+        for shape, times in self.forward_s.items():
+            times.append(self.time_forward(*shape))
+        for check, times in self.check_s.items():
+            times.append(self.time_forward(*check))
+        # Host time per step: a decoding run's wall time minus its forwards (timed by hooks on the
+        # model, synchronized); the acceptance the cost model adds on its own comes off in `fit`.
+        prompt_tokens, new_tokens = 128, 12 if self.quick else 24
+        with timed_forwards(self.model, self.sync) as forward_s:
+            for batch in self.batches:
+                prompts = torch.randint(0, self.config.vocab, (batch, prompt_tokens), generator=self.generator).tolist()
+                forward_s.clear()
+                gen = speculative_generate(self.model, prompts, new_tokens, None)
+                steps = len({s.step for s in gen.steps})
+                self.host_s[batch].append((gen.wall_s - gen.prefill_s - sum(forward_s[1:])) / steps)
+        for batch in self.selection_batches:
+            for context in self.selection_contexts:
+                fill_partial_cache(self.model, self.config, batch, context, self.generator, self.device)
+                for budget in SELECTION_BUDGETS:     # 30 layers' selections per forward
+                    self.selection_s[(batch, context, budget)] += time_selection_in_forward(
+                        self.model, self.config, batch, context, budget, self.generator, self.device,
+                        forwards=2 if self.quick else 1)
+        self.model.setup_cache(1, 1)     # the largest caches released between rounds
+
+    def time_forward(self, batch: int, query: int, kv: int) -> float:
+        import torch
+
+        from profiler.timing import time_call
+
+        config, device = self.config, self.device
+        self.model.setup_cache(batch, kv + 1)
+        tokens = torch.randint(0, config.vocab, (batch, query), generator=self.generator).to(device)
+        positions = (kv - query + torch.arange(query)).expand(batch, query).to(device)
+        logits_at = torch.full((batch,), query - 1, device=device) if query > 64 else None
+        with torch.inference_mode():
+            return time_call(lambda: self.model(tokens, positions, logits_at=logits_at), device, 0.3).median_s
+
+    def fit(self, model_name: str, dtype_name: str, hardware: str, bundle: Path) -> tuple[dict, list[dict]]:
+        """The fits for meta.json, against the operator tables of `bundle` (the provisional one),
+        and the whole forwards at off-grid shapes against the composed prediction."""
+        import numpy as np
+
+        from sim.cost.bundle import load_bundle
+        from sim.cost.calibrated import CalibratedCostModel
+        from sim.cost.table import OperatorTable
+
+        cost = CalibratedCostModel(_scenario(model_name, dtype_name, bundle, hardware), load_bundle(bundle))
+        # The median over rounds: the operators' median rounds give each term's shape, whole
+        # forwards as the engine meets them (the machine's usual state, not its best) the level.
+        ratio = {shape: float(np.median(times)) / predicted_forward(cost, *shape)
+                 for shape, times in self.forward_s.items()}
+        factor = [[ratio[forward_shape(t, kv)] for kv in self.kv_axis] for t in self.tokens_axis]
+        cost.forward_factor = OperatorTable("forward_factor", ("tokens", "kv"),
+                                            [np.asarray(self.tokens_axis, dtype=float),
+                                             np.asarray(self.kv_axis, dtype=float)],
+                                            np.asarray(factor), linear_above=False)
+        forward_checks = [{"batch": b, "query": q, "kv": kv, "measured_s": float(np.median(times)),
+                           "predicted_s": predicted_forward(cost, b, q, kv)}
+                          for (b, q, kv), times in self.check_s.items()]
+        accept = cost.bundle.table("accept")
+        host = [float(np.median(self.host_s[b])) - (accept(b, 1) if accept is not None else 0.0) for b in self.batches]
+        slope, intercept = np.polyfit(self.batches, host, 1)
+        fits = {"forward_factor": {"tokens": self.tokens_axis, "kv": self.kv_axis, "factor": factor},
+                "step_overhead_s": max(0.0, float(intercept)), "request_overhead_s": max(0.0, float(slope)),
+                "step_host_s": dict(zip(map(str, self.batches), host))}
+        selection = self.fit_selection_factor(cost)
+        if selection is not None:
+            fits["selection_factor"] = selection
+        return fits, forward_checks
+
+    def fit_selection_factor(self, cost) -> dict | None:
+        """SpecPV's selection per layer timed inside partial-verification forwards over the
+        selection table's value at the same shape, the median over the budgets, against (batch,
+        context). None without the measurements: on CUDA the live engine builds its partial index
+        for the attention kernel instead, and its host clock around selection is not synchronized."""
+        import numpy as np
+
+        table = cost.bundle.table("selection")
+        if not self.selection_contexts or table is None:
+            return None
+        ratio = {key: float(np.median(times)) / table(*key) for key, times in self.selection_s.items()}
+        factor = [[float(np.median([ratio[(b, c, k)] for k in SELECTION_BUDGETS])) for c in self.selection_contexts]
+                  for b in self.selection_batches]
+        return {"batch": self.selection_batches, "context": self.selection_contexts, "budgets": SELECTION_BUDGETS,
+                "factor": factor}
+
+
+def forward_shape(tokens: int, kv: int) -> tuple[int, int, int]:
+    """(batch, query, kv) of the whole forward measured for a forward of `tokens` query tokens."""
+    if tokens <= 16:
+        return tokens, 1, kv                 # decode batches
+    if tokens <= 64:
+        return 16, tokens // 16, kv          # verification of 16 requests
+    return 1, tokens, tokens                 # a prompt (reads itself whatever the KV column)
+
+
+def predicted_forward(cost, batch: int, query: int, kv: int) -> float:
+    """The cost model's composed forward of the target at one shape."""
+    from sim.cost.batch import DECODE, PHASES, PREFILL, VERIFY, Group
+    from sim.cost.stack import build_stacks
+
+    if query > 64:      # a prompt: one request's chunk each, logits of its last token
+        group = Group(PREFILL, batch, batch * query, query, batch * kv, batch, [query] * batch, [kv] * batch)
+    else:
+        group = Group(DECODE if query == 1 else VERIFY, batch, batch * query, query, batch * kv, batch * query)
+    return cost.forward(build_stacks(cost.scenario).target, [group], [0.0] * len(PHASES))
 
 
 def _scenario(model_name: str, dtype_name: str, bundle: Path, hardware: str):
@@ -25,142 +182,6 @@ def _scenario(model_name: str, dtype_name: str, bundle: Path, hardware: str):
 
     return load_scenario({"model": model_name, "dtype": dtype_name, "hardware": hardware, "calibration": str(bundle),
                           "engine": "gpt-fast"})
-
-
-def fit_engine_overheads(config, dtype, device, model_name, dtype_name, hardware, bundle: Path, seed: int,
-                         quick: bool):
-    """The live engine's host time per decoding step, fitted as fixed + per request, and whole
-    forwards at off-grid shapes against the provisional bundle's composed prediction."""
-    import numpy as np
-    import torch
-
-    from profiler.loaders import random_model
-    from profiler.speculative import speculative_generate
-    from profiler.timing import time_call, timed_forwards
-    from sim.cost.batch import DECODE, PHASES, PREFILL, VERIFY, Group
-    from sim.cost.bundle import load_bundle
-    from sim.cost.calibrated import CalibratedCostModel
-    from sim.cost.table import OperatorTable
-
-    cost = CalibratedCostModel(_scenario(model_name, dtype_name, bundle, hardware), load_bundle(bundle))
-    target = _target_stack(cost)
-    model = random_model(config, dtype, device, seed).model
-    generator = torch.Generator().manual_seed(seed)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-
-    def predicted_forward(batch, query, kv):
-        if query > 64:      # a prompt: one request's chunk each, logits of its last token
-            group = Group(PREFILL, batch, batch * query, query, batch * kv, batch, [query] * batch, [kv] * batch)
-        else:
-            group = Group(DECODE if query == 1 else VERIFY, batch, batch * query, query, batch * kv, batch * query)
-        return cost.forward(target, [group], [0.0] * len(PHASES))
-
-    def measured_forward(batch, query, kv):
-        model.setup_cache(batch, kv + 1)
-        tokens = torch.randint(0, config.vocab, (batch, query), generator=generator).to(device)
-        positions = (kv - query + torch.arange(query)).expand(batch, query).to(device)
-        logits_at = torch.full((batch,), query - 1, device=device) if query > 64 else None
-        with torch.inference_mode():
-            return time_call(lambda: model(tokens, positions, logits_at=logits_at), device, 0.3).median_s
-
-    # Whole forwards run slower than their operators timed one by one (Python between operators,
-    # the matmul library's threads sleeping between them), by a factor that depends on the tokens:
-    # measure it on whole forwards (decode batches, then prompts), the median of interleaved
-    # repeats: the operators' median rounds give each term's shape, whole forwards as the engine
-    # meets them (the machine's usual state, not its best) give the level.
-    # In a forward, attention also runs slower than alone, more so the more KV it reads: the factor
-    # is a table over (query tokens, KV tokens), decode and verification at three KV lengths.
-    tokens_axis = [1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128, 256, 512, 1024]
-    kv_axis = [256, 1024, 4096]
-    checks = [(5, 1, 700), (10, 1, 300), (3, 4, 900), (8, 3, 200), (2, 1, 1500), (6, 8, 128), (1, 384, 384)]
-    if quick:
-        tokens_axis, kv_axis, checks = [1, 3, 6, 16, 64, 128], [256, 2048], checks[::2]
-    fits_context = lambda n: n < config.max_context
-    tokens_axis = [t for t in tokens_axis if t <= 64 or fits_context(t)]
-    kv_axis = [kv for kv in kv_axis if fits_context(kv)] or [config.max_context // 2]
-    checks = [c for c in checks if fits_context(c[2])]
-
-    def shape_of(tokens: int, kv: int) -> tuple[int, int, int]:
-        if tokens <= 16:
-            return tokens, 1, kv                 # decode batches
-        if tokens <= 64:
-            return 16, tokens // 16, kv          # verification of 16 requests
-        return 1, tokens, tokens                 # a prompt (reads itself whatever the KV column)
-
-    shapes = {shape_of(t, kv) for t in tokens_axis for kv in kv_axis}
-    measured: dict[tuple, list[float]] = {shape: [] for shape in sorted(shapes)}
-    for _ in range(1 if quick else 3):
-        for shape in measured:
-            measured[shape].append(measured_forward(*shape))
-    ratio = {shape: float(np.median(m)) / predicted_forward(*shape) for shape, m in measured.items()}
-    factor = [[ratio[shape_of(t, kv)] for kv in kv_axis] for t in tokens_axis]
-    cost.forward_factor = OperatorTable("forward_factor", ("tokens", "kv"),
-                                        [np.asarray(tokens_axis, dtype=float), np.asarray(kv_axis, dtype=float)],
-                                        np.asarray(factor), linear_above=False)
-    forward_checks = [{"batch": b, "query": q, "kv": kv,
-                       "measured_s": float(np.median([measured_forward(b, q, kv) for _ in range(1 if quick else 3)])),
-                       "predicted_s": predicted_forward(b, q, kv)} for b, q, kv in checks]
-
-    # Host time per step: a decoding run's wall time minus its forwards (timed by hooks on the
-    # model, synchronized) minus the acceptance the cost model adds on its own.
-    accept = cost.bundle.table("accept")
-    batches, host = ([1, 4, 16], []) if quick else ([1, 2, 4, 8, 16], [])
-    prompt_tokens, new_tokens = 128, 12 if quick else 24
-    with timed_forwards(model, sync) as forward_s:
-        for batch in batches:
-            prompts = torch.randint(0, config.vocab, (batch, prompt_tokens), generator=generator).tolist()
-            per_step = []
-            for _ in range(1 if quick else 3):
-                forward_s.clear()
-                gen = speculative_generate(model, prompts, new_tokens, None)
-                steps = len({s.step for s in gen.steps})
-                per_step.append((gen.wall_s - gen.prefill_s - sum(forward_s[1:])) / steps)
-            host.append(float(np.median(per_step)) - (accept(batch, 1) if accept is not None else 0.0))
-    slope, intercept = np.polyfit(batches, host, 1)
-    fits = {"forward_factor": {"tokens": tokens_axis, "kv": kv_axis, "factor": factor},
-            "step_overhead_s": max(0.0, float(intercept)), "request_overhead_s": max(0.0, float(slope)),
-            "step_host_s": dict(zip(map(str, batches), host))}
-    selection = fit_selection_factor(model, config, cost, device, generator, quick)
-    if selection is not None:
-        fits["selection_factor"] = selection
-    model.setup_cache(1, 1)     # frees the largest caches before the bundle is written
-    return fits, forward_checks
-
-
-def _target_stack(cost):
-    from sim.cost.stack import build_stacks
-
-    return build_stacks(cost.scenario).target
-
-
-
-
-def fit_selection_factor(model, config, cost, device: str, generator, quick: bool) -> dict | None:
-    """SpecPV's selection per layer timed inside partial-verification forwards of the model, over
-    the selection table's value at the same shape, against (batch, context); None without the
-    summaries and selection tables, and on CUDA, where the live engine builds its partial index
-    for the attention kernel instead and its host clock around selection is not synchronized."""
-    import numpy as np
-
-    if device == "cuda" or cost.bundle.table("selection") is None or cost.bundle.table("summaries") is None:
-        return None
-    table = cost.bundle.table("selection")
-    batch_axis = [1, 4] if quick else [1, 4, 16]
-    budgets = [256, 1024]
-    context_axis = [c for c in ([512, 2048] if quick else [512, 2048, 6144]) if c + 8 <= config.max_context]
-    if not context_axis:
-        return None
-    shapes = [(b, c) for b in batch_axis for c in context_axis]
-    per_layer: dict[tuple, list[float]] = {(b, c, k): [] for b, c in shapes for k in budgets}
-    for _ in range(1 if quick else 2):       # rounds interleaved, as the other fits
-        for batch, context in shapes:
-            fill_partial_cache(model, config, batch, context, generator, device)
-            for budget in budgets:      # 30 layers' selections per forward
-                per_layer[(batch, context, budget)] += time_selection_in_forward(
-                    model, config, batch, context, budget, generator, device, forwards=2)
-    ratio = {key: float(np.median(times)) / table(*key) for key, times in per_layer.items()}
-    factor = [[float(np.median([ratio[(b, c, k)] for k in budgets])) for c in context_axis] for b in batch_axis]
-    return {"batch": batch_axis, "context": context_axis, "budgets": budgets, "factor": factor}
 
 
 def fill_partial_cache(model, config, batch: int, context: int, generator, device: str) -> None:

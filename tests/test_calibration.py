@@ -263,6 +263,21 @@ def test_calibrate_writes_a_complete_bundle(tiny_bundle):
     assert result.baseline.throughput_tok_s > 0 and result.provenance["warnings"] == []
 
 
+def test_refit_keeps_the_operator_times_and_redoes_the_engine_fits(tiny_bundle, tmp_path):
+    import pandas as pd
+
+    config, out, _ = tiny_bundle
+    copy = tmp_path / "refit"
+    shutil.copytree(out, copy)
+    run = subprocess.run([sys.executable, "-m", "profiler", "calibrate", "--model", str(config), "--quick",
+                          "--device", "cpu", "--refit", str(copy)], capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    pd.testing.assert_frame_equal(pd.read_parquet(copy / "profile.parquet"), pd.read_parquet(out / "profile.parquet"))
+    meta, before = json.loads((copy / "meta.json").read_text()), json.loads((out / "meta.json").read_text())
+    assert meta["refit"]["duration_s"] > 0 and meta["date"] == before["date"]
+    assert set(meta["fits"]) == set(before["fits"]) and "selection_factor" in meta["fits"]
+
+
 def test_inspect_prints_achieved_rates(tiny_bundle):
     _, out, _ = tiny_bundle
     run = subprocess.run([sys.executable, "-m", "profiler", "inspect", str(out)], capture_output=True, text=True)

@@ -6,7 +6,7 @@ and never crosses zero; piecewise-linear pieces never leave the range of the nei
 measurements (monotone between grid points, no spline overshoot). The table interpolates what it
 is given; sim/cost/bundle.py gives it the measured grid made monotone in every dim first
 (`monotone_in_every_dim`: more tokens, KV or batch never cost less, so a dip is timing noise;
-held-out error 7.8-10.1% median instead of 7.9-10.4% on the four committed CPU bundles).
+held-out error 7.8-10.1% median instead of 7.9-10.4% on the four CPU bundles of 04:34-13:14).
 
 Outside the grid (documented in docs/architecture.md):
 - below an axis's smallest value: the value there (a latency floor: fewer tokens cost no less);

@@ -17,7 +17,7 @@ calibration bundle (DIR/profile.parquet + DIR/meta.json) for the simulator's cal
    forward's query tokens and KV tokens (decode batches 1-16 and verification at KV 256, 1024 and
    4096; prompts), which the cost model multiplies every forward by. SpecPV's block selection
    timed inside partial-verification forwards against its table, a factor over batch and context
-   (it runs 1.1-2.2 times slower there than alone, more than the forward's factor). The engine's
+   (1.05-1.84 times its time alone here; the forward's factor missed most of it). The engine's
    host time per step: `speculative_generate` decoding at batch 1 to 16, its wall time minus its
    forwards (timed by hooks on the model) and its acceptance, fitted as fixed + per request.
    A round of these follows each round of operators, and each is the median of its rounds: the
@@ -265,7 +265,8 @@ def calibrate_command(args) -> int:
         from sim.simulate import git_revision
 
         meta["refit"] = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                         "git_revision": git_revision(), "duration_s": round(time.perf_counter() - started, 1)}
+                         "git_revision": git_revision(), "duration_s": round(time.perf_counter() - started, 1),
+                         "rounds": rounds}
     else:
         meta["duration_s"] = round(time.perf_counter() - started, 1)
     write_bundle(out, frame, meta)
@@ -483,7 +484,9 @@ def format_calibration_summary(out: Path, meta: dict) -> str:
     held = meta["held_out"]
     fits = meta["fits"]
     percent = lambda value: "-" if value is None else f"{value:.1%}"
-    lines = [f"wrote {out}/profile.parquet and meta.json ({meta['duration_s']:.0f} s, {meta['device']['name']}, "
+    took = (f"engine fits redone in {meta['refit']['duration_s']:.0f} s" if "refit" in meta
+            else f"{meta['duration_s']:.0f} s")
+    lines = [f"wrote {out}/profile.parquet and meta.json ({took}, {meta['device']['name']}, "
              f"{meta['dtype']}, {meta['model']['name']})",
              f"held-out error of the tables: median {percent(held['median_abs_error'])}, P90 "
              f"{percent(held['p90_abs_error'])}, worst {percent(held['max_abs_error'])} over {held['points']} points"]

@@ -6,10 +6,11 @@ steps and fitted against a bundle's operator tables (`profiler calibrate`, step 
   forward's query tokens and KV tokens.
 - selection_factor: SpecPV's block selection (Quest scores, top-k, the partial index: some twenty
   small operators per layer) timed inside partial-verification forwards against the selection
-  table: between a layer's large matmuls it runs 1.1-2.2 times slower than in a loop of its own on
-  this CPU. The whole-forward factor (about 1.1 at five tokens) is the large operators' ratio and
-  left the six SpecPV runs of the validation study with 26-35% more selection time per token than
-  predicted.
+  table: between a layer's large matmuls it runs 1.05-1.84 times slower than in a loop of its own
+  on this CPU (the two bundles made with this fit), most at batch 1 and short contexts. The
+  whole-forward factor that priced it before (1.1-1.2 at five tokens) is the large operators'
+  ratio and left the six SpecPV runs of the validation study with 26-35% more selection time per
+  token than predicted; at batch 4-16 and 6,144 tokens the measured factor is below it.
 - step_overhead_s + request_overhead_s: the engine's host time per decoding step, fixed and per
   request.
 
@@ -29,8 +30,8 @@ SELECTION_BUDGETS = [256, 1024]
 
 class EngineProbe:
     def __init__(self, config, dtype, device: str, seed: int, quick: bool, selection: bool):
-        """selection: also time SpecPV's selection in partial-verification forwards (needs the
-        bundle's summaries and selection tables; CPU only, see `fit_selection_factor`)."""
+        """selection: also time SpecPV's selection in partial-verification forwards (the grid has
+        the summaries and selection operators that price it; CPU only, see `fit_selection_factor`)."""
         import torch
 
         from profiler.loaders import random_model

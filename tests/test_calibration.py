@@ -142,10 +142,14 @@ def copy_bundle(tmp_path: Path) -> Path:
 
 
 def with_selection_factor(tmp_path: Path, factor) -> Path:
+    """A copy of the committed bundle with this selection factor over batch 1, 4 x context 512,
+    2,048 (None: without one)."""
     bundle = copy_bundle(tmp_path)
     meta = json.loads((bundle / "meta.json").read_text())
-    meta["fits"]["selection_factor"] = {"batch": [1, 4], "context": [512, 2048], "budgets": [256, 1024],
-                                        "factor": factor}
+    meta["fits"].pop("selection_factor", None)
+    if factor is not None:
+        meta["fits"]["selection_factor"] = {"batch": [1, 4], "context": [512, 2048], "budgets": [256, 1024],
+                                            "factor": factor}
     (bundle / "meta.json").write_text(json.dumps(meta))
     return bundle
 
@@ -156,20 +160,27 @@ def test_selection_is_priced_by_its_own_factor_measured_in_forwards(tmp_path):
     from sim.cost.stack import build_stacks
     from sim.scenario import load_scenario
 
-    def selection_s(bundle, part):
+    def selection_s(bundle, part, requests=1, context=1024):
         scenario = load_scenario(smollm2_scenario(calibration=str(bundle)))
         cost = cost_model_for(scenario)
-        return cost.selection(build_stacks(scenario).target, 1, 1024, 5, 1024, 16, [0.0] * len(PHASES), part=part)
+        return cost.selection(build_stacks(scenario).target, requests, requests * context, requests * 5, 1024, 16,
+                              [0.0] * len(PHASES), part=part)
 
+    committed = load_bundle(BUNDLE)
+    table = committed.table("selection")
+    # Without the fit, the whole-forward factor at the step's query tokens prices it, as before.
+    without = with_selection_factor(tmp_path / "none", None)
+    assert selection_s(without, "scores") == pytest.approx(
+        30 * table(1, 1024, 1024) * committed.forward_factor()(5, 1024), rel=1e-12)
+    # With it: layers x table x the measured factor, interpolated in log space between its shapes
+    # and held outside them; the summaries keep the whole-forward factor.
     doubled = with_selection_factor(tmp_path / "a", [[2.0, 2.0], [2.0, 2.0]])
-    table = load_bundle(BUNDLE).table("selection")
-    # Scores: layers x table x the measured factor, not the whole-forward factor (held past its
-    # shapes, interpolated between them).
     assert selection_s(doubled, "scores") == pytest.approx(30 * table(1, 1024, 1024) * 2.0, rel=1e-12)
-    assert selection_s(doubled, "summaries") == selection_s(BUNDLE, "summaries")
-    assert selection_s(BUNDLE, "scores") != pytest.approx(selection_s(doubled, "scores"), rel=0.05)
+    assert selection_s(doubled, "summaries") == selection_s(without, "summaries")
     ramp = with_selection_factor(tmp_path / "b", [[1.0, 4.0], [1.0, 4.0]])
     assert selection_s(ramp, "scores") == pytest.approx(30 * table(1, 1024, 1024) * 2.0, rel=1e-12)  # log-midpoint
+    assert selection_s(ramp, "scores", requests=16, context=8192) == pytest.approx(
+        30 * table(16, 8192, 1024) * 4.0, rel=1e-12)                                                # held
     broken = with_selection_factor(tmp_path / "c", [[2.0, 2.0]])
     with pytest.raises(ScenarioError, match="selection_factor has"):
         load_bundle(broken)
@@ -276,6 +287,17 @@ def test_refit_keeps_the_operator_times_and_redoes_the_engine_fits(tiny_bundle, 
     meta, before = json.loads((copy / "meta.json").read_text()), json.loads((out / "meta.json").read_text())
     assert meta["refit"]["duration_s"] > 0 and meta["date"] == before["date"]
     assert set(meta["fits"]) == set(before["fits"]) and "selection_factor" in meta["fits"]
+    assert meta["refit"]["rounds"] == 1 and "engine fits redone in" in run.stdout
+    # A bundle of a few operators has nothing to fit the engine against: one line, exit 2.
+    subset = tmp_path / "subset"
+    run = subprocess.run([sys.executable, "-m", "profiler", "calibrate", "--model", str(config), "--quick",
+                          "--device", "cpu", "--operators", "linear.qkv", "--out", str(subset)],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0 and "note: no engine fits" in run.stdout, run.stderr[-2000:]
+    run = subprocess.run([sys.executable, "-m", "profiler", "calibrate", "--model", str(config), "--quick",
+                          "--device", "cpu", "--refit", str(subset)], capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 2 and run.stderr.startswith("error: --refit:") and "has no linear.o" in run.stderr
+    assert run.stderr.count("\n") == 1
 
 
 def test_inspect_prints_achieved_rates(tiny_bundle):

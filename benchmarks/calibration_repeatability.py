@@ -30,15 +30,11 @@ def read(folder: Path):
     return meta, pd.read_parquet(folder / "profile.parquet")
 
 
-def grid_of(meta: dict) -> dict:
-    return {op: spec["axes"] for op, spec in meta["grid"].items()}
-
-
 def print_estimators(folder: Path, meta: dict, frame) -> None:
     """Held-out error of the median and of the best of the first n stored rounds, and half-vs-half."""
     import numpy as np
 
-    from profiler.calibrate import held_out_error
+    from profiler.calibrate import grid_of, held_out_error
 
     grid = grid_of(meta)
     rounds = [np.asarray(r, dtype=float) for r in frame.round_seconds]
@@ -64,7 +60,7 @@ def print_estimators(folder: Path, meta: dict, frame) -> None:
 def main() -> int:
     import numpy as np
 
-    from profiler.calibrate import held_out_error
+    from profiler.calibrate import grid_of, held_out_error
     from sim.cost.bundle import DIMS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

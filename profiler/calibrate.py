@@ -231,7 +231,7 @@ def calibrate_command(args) -> int:
     started = time.perf_counter()
     if args.refit is not None:
         frame, meta = reuse_operators(args.refit, config, dtype_name, device_name)
-        grid = {op: spec["axes"] for op, spec in meta["grid"].items()}
+        grid = grid_of(meta)
         out = args.out or args.refit
     needed = [op for op in (*(f"linear.{n}" for n in ("qkv", "o", "gate_up", "down")), "elementwise",
                             "attention", "attention_prefill", "lm_head") if op not in grid]
@@ -272,6 +272,11 @@ def calibrate_command(args) -> int:
     write_bundle(out, frame, meta)
     print(format_calibration_summary(out, meta))
     return 0
+
+
+def grid_of(meta: dict) -> dict[str, dict[str, list[int]]]:
+    """A bundle's grid (meta.json's "grid") as calibrate builds it: axes per operator."""
+    return {op: spec["axes"] for op, spec in meta["grid"].items()}
 
 
 def reuse_operators(bundle_dir: Path, config, dtype_name: str, device_name: str):

@@ -113,12 +113,14 @@ class EngineProbe:
 
         from sim.cost.bundle import load_bundle
         from sim.cost.calibrated import CalibratedCostModel
+        from sim.cost.stack import build_stacks
         from sim.cost.table import OperatorTable
 
         cost = CalibratedCostModel(_scenario(model_name, dtype_name, bundle, hardware), load_bundle(bundle))
         # The median over rounds: the operators' median rounds give each term's shape, whole
         # forwards as the engine meets them (the machine's usual state, not its best) the level.
-        ratio = {shape: float(np.median(times)) / predicted_forward(cost, *shape)
+        target = build_stacks(cost.scenario).target
+        ratio = {shape: float(np.median(times)) / predicted_forward(cost, target, *shape)
                  for shape, times in self.forward_s.items()}
         factor = [[ratio[forward_shape(t, kv)] for kv in self.kv_axis] for t in self.tokens_axis]
         cost.forward_factor = OperatorTable("forward_factor", ("tokens", "kv"),
@@ -126,7 +128,7 @@ class EngineProbe:
                                              np.asarray(self.kv_axis, dtype=float)],
                                             np.asarray(factor), linear_above=False)
         forward_checks = [{"batch": b, "query": q, "kv": kv, "measured_s": float(np.median(times)),
-                           "predicted_s": predicted_forward(cost, b, q, kv)}
+                           "predicted_s": predicted_forward(cost, target, b, q, kv)}
                           for (b, q, kv), times in self.check_s.items()]
         accept = cost.bundle.table("accept")
         host = [float(np.median(self.host_s[b])) - (accept(b, 1) if accept is not None else 0.0) for b in self.batches]
@@ -165,16 +167,15 @@ def forward_shape(tokens: int, kv: int) -> tuple[int, int, int]:
     return 1, tokens, tokens                 # a prompt (reads itself whatever the KV column)
 
 
-def predicted_forward(cost, batch: int, query: int, kv: int) -> float:
-    """The cost model's composed forward of the target at one shape."""
+def predicted_forward(cost, target, batch: int, query: int, kv: int) -> float:
+    """The cost model's composed forward of the `target` stack at one shape."""
     from sim.cost.batch import DECODE, PHASES, PREFILL, VERIFY, Group
-    from sim.cost.stack import build_stacks
 
     if query > 64:      # a prompt: one request's chunk each, logits of its last token
         group = Group(PREFILL, batch, batch * query, query, batch * kv, batch, [query] * batch, [kv] * batch)
     else:
         group = Group(DECODE if query == 1 else VERIFY, batch, batch * query, query, batch * kv, batch * query)
-    return cost.forward(build_stacks(cost.scenario).target, [group], [0.0] * len(PHASES))
+    return cost.forward(target, [group], [0.0] * len(PHASES))
 
 
 def _scenario(model_name: str, dtype_name: str, bundle: Path, hardware: str):

@@ -55,13 +55,10 @@ class Bundle:
         to 1.39 across the six committed CPU bundles; 1.00 to 1.52 between the shapes of one)
         while the plane through all 42 shapes moves less; the measured ratios stay in the bundle
         as they are."""
-        fit = self.fits.get("forward_factor")
-        if not fit:
+        fit = self.factor_fit("forward_factor", ("tokens", "kv"))
+        if fit is None:
             return None
-        tokens, kv = np.asarray(fit["tokens"], dtype=float), np.asarray(fit["kv"], dtype=float)
-        measured = np.asarray(fit["factor"], dtype=float)
-        if measured.shape != (len(tokens), len(kv)):
-            raise ValueError(f"forward_factor has {measured.shape} values for {len(tokens)} x {len(kv)} shapes")
+        (tokens, kv), measured = fit
         x, y = np.meshgrid(np.log2(tokens), np.log2(kv), indexing="ij")
         design = np.stack([np.ones(x.size), x.ravel(), y.ravel()], axis=1)
         coef, *_ = np.linalg.lstsq(design, measured.ravel(), rcond=None)
@@ -72,14 +69,23 @@ class Bundle:
         """SpecPV's selection timed inside partial-verification forwards / the selection table, against
         batch and context (profiler/engine_fits.py); None in a bundle without it (the whole-forward
         factor prices selection then). Held, not extrapolated, outside its shapes."""
-        fit = self.fits.get("selection_factor")
+        fit = self.factor_fit("selection_factor", ("batch", "context"))
+        if fit is None:
+            return None
+        axes, measured = fit
+        return OperatorTable("selection_factor", ("batch", "context"), axes, measured, linear_above=False)
+
+    def factor_fit(self, name: str, dims: tuple[str, str]) -> tuple[list[np.ndarray], np.ndarray] | None:
+        """A fit of measured ratios over two axes (its `dims` and `factor` in meta.json): the axes and
+        the ratios, checked for shape; None when the bundle has no such fit."""
+        fit = self.fits.get(name)
         if not fit:
             return None
-        batch, context = np.asarray(fit["batch"], dtype=float), np.asarray(fit["context"], dtype=float)
+        axes = [np.asarray(fit[d], dtype=float) for d in dims]
         measured = np.asarray(fit["factor"], dtype=float)
-        if measured.shape != (len(batch), len(context)):
-            raise ValueError(f"selection_factor has {measured.shape} values for {len(batch)} x {len(context)} shapes")
-        return OperatorTable("selection_factor", ("batch", "context"), [batch, context], measured, linear_above=False)
+        if measured.shape != tuple(len(a) for a in axes):
+            raise ValueError(f"{name} has {measured.shape} values for {len(axes[0])} x {len(axes[1])} shapes")
+        return axes, measured
 
     @property
     def label(self) -> str:

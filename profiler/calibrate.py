@@ -76,6 +76,7 @@ def grid_for(config, quick: bool, cuda: bool) -> dict[str, dict[str, list[int]]]
     grid["attention"] = {"batch": q(BATCH), "query": q(QUERY), "kv": ctx(q(KV))}
     grid["attention_partial"] = {"batch": [1, 4, 16], "query": q([1, 2, 5, 9, 17]), "kv": q([256, 512, 1024, 2048, 4096])}
     grid["attention_prefill"] = {"query": ctx(q(PREFILL_QUERY)), "kv": ctx(q(PREFILL_KV))}
+    grid["attention_prompt"] = {"query": ctx(q(PREFILL_KV))}
     grid["forward_base"] = {"batch": [1, 4, 16], "query": [1, 8, 64, 512], "kv": ctx([128, 1024, 8192])}
     grid["summaries"] = {"batch": [1, 4, 16], "context": ctx(q(CONTEXT))}
     grid["selection"] = {"batch": [1, 4, 16], "context": ctx(q(CONTEXT)), "budget": q(BUDGET)}

@@ -103,8 +103,10 @@ class EngineProbe:
         tokens = torch.randint(0, config.vocab, (batch, query), generator=self.generator).to(device)
         positions = (kv - query + torch.arange(query)).expand(batch, query).to(device)
         logits_at = torch.full((batch,), query - 1, device=device) if query > 64 else None
+        prompt = query > 64 and kv == query      # a whole prompt: the engine's prefill path
         with torch.inference_mode():
-            return time_call(lambda: self.model(tokens, positions, logits_at=logits_at), device, 0.3).median_s
+            return time_call(lambda: self.model(tokens, positions, logits_at=logits_at, prompt=prompt), device,
+                             0.3).median_s
 
     def fit(self, model_name: str, dtype_name: str, hardware: str, bundle: Path) -> tuple[dict, list[dict]]:
         """The fits for meta.json, against the operator tables of `bundle` (the provisional one),

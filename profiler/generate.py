@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from profiler.model import Llama, causal_mask
+from profiler.model import Llama
 
 
 def prefill_logits(model: Llama, prompts: list[list[int]]) -> Tensor:
@@ -24,10 +24,10 @@ def prefill_logits(model: Llama, prompts: list[list[int]]) -> Tensor:
     for b, prompt in enumerate(prompts):
         tokens[b, :len(prompt)] = torch.tensor(prompt)
         positions[b, :len(prompt)] = torch.arange(len(prompt))
-    # Attention reads the first T slots only: padding tokens write to the trash slot past them.
-    mask = causal_mask(positions, T)
+    # Attention is causal over the first T slots (a prompt forward): padding tokens write to the
+    # trash slot past them, so a real query never sees a padding key.
     device = model.lm_head.weight.device
-    return model(tokens.to(device), positions.to(device), mask=mask.to(device), logits_at=(lengths - 1).to(device))[:, -1]
+    return model(tokens.to(device), positions.to(device), logits_at=(lengths - 1).to(device), prompt=True)[:, -1]
 
 
 def prefill(model: Llama, prompts: list[list[int]]) -> Tensor:

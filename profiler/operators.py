@@ -11,7 +11,10 @@ Operators (per decoder layer unless noted; tokens = query tokens of the whole ba
   elementwise                   two RMSNorms, RoPE on Q and K, the KV-cache write, SiLU x up,
                                 residual adds: everything of a layer but linears and attention (tokens)
   attention                     decode / chain / tree verification attention (batch, query, kv)
-  attention_prefill             one request's prompt attention, query > 64 tokens (query, kv)
+  attention_prefill             one request's chunk of query > 64 tokens at the end of kv, masked (a
+                                prompt chunk after a cached prefix; the engine's prefill never runs one) (query, kv)
+  attention_prompt              one whole prompt's causal attention over itself, no mask: the engine's
+                                prefill (query)
   attention_partial             SpecPV partial verification: attention over kv selected positions of a
                                 cache twice as long, gathered on the CPU, by index in the kernel (batch, query, kv)
   lm_head                       final norm + LM head + fp32 logits, once per forward (tokens)
@@ -212,6 +215,18 @@ _ATTENTION_TEMPLATES: dict[str, Attention] = {}
 _MASKS: dict[tuple, torch.Tensor] = {}
 
 
+def _build_prompt_attention(bench: Bench, p: dict):
+    """One prompt's attention over itself, as the engine's prefill runs it (Attention.attend_full
+    with no mask: SDPA's causal kernel, on every device)."""
+    c = bench.config
+    T = p["query"]
+    attn = _attention_module(c)
+    attn.k_cache = bench.randn(1, c.kv_heads, T + 1, c.head_dim)
+    attn.v_cache = bench.randn(1, c.kv_heads, T + 1, c.head_dim)
+    q = bench.randn(1, c.heads, T, c.head_dim)
+    return lambda: attn.attend_full(q, None)
+
+
 def _causal_mask(B: int, T: int, S: int, device: str) -> torch.Tensor:
     """[B, 1, T, S]: the T new tokens at the end of S slots (shared by an operator's copies)."""
     key = (B, T, S, device)
@@ -332,6 +347,7 @@ OPERATORS: dict[str, Operator] = {op.name: op for op in [
     Operator("elementwise", ("tokens",), _build_elementwise, _elementwise_work),
     Operator("attention", ("batch", "query", "kv"), _build_attention, _attention_work),
     Operator("attention_prefill", ("query", "kv"), _build_attention, _attention_work),
+    Operator("attention_prompt", ("query",), _build_prompt_attention, lambda c, eb, p: _attention_work(c, eb, {**p, "kv": p["query"]})),
     Operator("attention_partial", ("batch", "query", "kv"), _build_partial_attention, _attention_work),
     Operator("lm_head", ("tokens",), _lm_head_build,
              lambda c, eb, p: (2.0 * p["tokens"] * c.hidden * c.vocab,

@@ -78,7 +78,7 @@ def test_committed_bundle_reads_and_reports_its_error():
     assert held["points"] > 100 and 0 <= held["median_abs_error"] <= held["p90_abs_error"] <= held["max_abs_error"]
     assert set(held["per_operator"]) == set(meta["grid"]) and len(held["forward_checks"]) >= 5
     for op in ("linear.qkv", "linear.o", "linear.gate_up", "linear.down", "elementwise", "attention",
-               "attention_prefill", "lm_head", "forward_base", "accept", "ngram", "summaries", "selection",
+               "attention_prefill", "attention_prompt", "lm_head", "forward_base", "accept", "ngram", "summaries", "selection",
                "int8.qkv", "int4.down"):
         assert bundle.table(op) is not None, op
 
@@ -272,6 +272,37 @@ def test_calibrate_writes_a_complete_bundle(tiny_bundle):
     result = simulate({"hardware": "cpu", "model": str(config), "dtype": "fp32", "calibration": str(out),
                        "workload": {"concurrency": 2, "requests": 4, "prompt_tokens": 100, "output_tokens": 16}})
     assert result.baseline.throughput_tok_s > 0 and result.provenance["warnings"] == []
+
+
+def test_whole_prompts_read_the_prompt_table_and_chunks_after_a_prefix_the_prefill_table(tiny_bundle, tmp_path):
+    import pandas as pd
+
+    from sim.cost.calibrated import cost_model_for
+    from sim.cost.stack import build_stacks
+    from sim.scenario import load_scenario
+
+    config, out, _ = tiny_bundle
+
+    def priced(bundle):
+        scenario = load_scenario({"hardware": "cpu", "model": str(config), "dtype": "fp32", "calibration": str(bundle)})
+        return cost_model_for(scenario).priced(build_stacks(scenario).target)
+
+    bundle = load_bundle(out)
+    p = priced(out)
+    # A prompt attends only to itself (KV = query): the engine's causal prompt path, no mask.
+    assert p.request_s(300, 300) == pytest.approx(bundle.table("attention_prompt")(300), rel=1e-12)
+    # A chunk after 300 cached tokens runs masked: the prefill table at (query, KV).
+    assert p.request_s(300, 600) == pytest.approx(bundle.table("attention_prefill")(300, 600), rel=1e-12)
+    # A bundle measured before the prompt path prices prompts from the prefill table, as then.
+    older = tmp_path / "older"
+    shutil.copytree(out, older)
+    frame = pd.read_parquet(older / "profile.parquet")
+    frame[frame.op != "attention_prompt"].to_parquet(older / "profile.parquet")
+    meta = json.loads((older / "meta.json").read_text())
+    del meta["grid"]["attention_prompt"]
+    (older / "meta.json").write_text(json.dumps(meta))
+    assert load_bundle(older).table("attention_prompt") is None
+    assert priced(older).request_s(300, 300) == pytest.approx(bundle.table("attention_prefill")(300, 300), rel=1e-12)
 
 
 def test_refit_keeps_the_operator_times_and_redoes_the_engine_fits(tiny_bundle, tmp_path):

@@ -4,9 +4,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("gguf")
 
-from profiler.generate import generate  # noqa: E402
+from profiler.generate import generate, prefill_logits  # noqa: E402
 from profiler.gguf_loader import ModelLoadError, load_gguf  # noqa: E402
-from profiler.model import Llama, LlamaConfig, causal_mask  # noqa: E402
+from profiler.model import SMALL_QUERY, Llama, LlamaConfig, causal_mask  # noqa: E402
 
 TINY = LlamaConfig(name="tiny", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=64, vocab=50,
                    tied_embeddings=False, max_context=128, rope_theta=10000.0)
@@ -40,6 +40,25 @@ def test_rows_at_different_positions_decode_as_if_alone():
     together = generate(model, prompts, 12)
     alone = [generate(model, [p], 12)[0] for p in prompts]
     assert together == alone
+
+
+@torch.inference_mode()
+def test_ragged_long_prompts_prefill_as_if_alone_with_a_mask():
+    # Prompts past SMALL_QUERY take SDPA's causal kernel with no mask; each row's logits and cache
+    # must equal a masked forward of that prompt alone (padding never seen by a real query).
+    model = tiny_model(2)
+    generator = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, TINY.vocab, (n,), generator=generator).tolist() for n in (100, SMALL_QUERY + 6, 90)]
+    model.setup_cache(3, 128)
+    together = prefill_logits(model, prompts)
+    caches = [layer.attention.k_cache.clone() for layer in model.layers]
+    for b, prompt in enumerate(prompts):
+        model.setup_cache(1, 128)
+        n = len(prompt)
+        alone = model(torch.tensor([prompt]), torch.arange(n)[None], mask=causal_mask(torch.arange(n)[None], n))
+        torch.testing.assert_close(together[b], alone[0, -1], rtol=1e-4, atol=1e-4)
+        for layer, cache in zip(model.layers, caches):
+            torch.testing.assert_close(cache[b, :, :n], layer.attention.k_cache[0, :, :n])
 
 
 def test_causal_mask_sees_only_earlier_positions():

@@ -12,8 +12,9 @@ calibrate` (sim/cost/bundle.py) instead of FLOPs and bytes over datasheet rates,
 overheads of the live engine instead of an engine preset's.
 
 Attention of a group of requests reads the table at (requests, query tokens per request, mean KV
-tokens); queries longer than the table's (prompt chunks) are priced per request from the prefill
-table; SpecPV's partial groups read the partial-attention table (selected positions gathered). A stack the bundle did not measure (a draft model or head of other dimensions, EAGLE-3's
+tokens); queries longer than the table's are priced per request: a whole prompt from the prompt
+table (SDPA's causal kernel, as the engine's prefill runs), a chunk after a cached prefix from the
+prefill table (masked); SpecPV's partial groups read the partial-attention table (selected positions gathered). A stack the bundle did not measure (a draft model or head of other dimensions, EAGLE-3's
 fusion layer, a Medusa block) keeps the roofline price, and the result says so in its warnings.
 Tensor parallelism and weight offloading are out of a single-device bundle's reach: tensor_parallel
 must be 1 (sim/scenario.py checks), and transfers use the measured host-link rate when the bundle has one.
@@ -53,6 +54,7 @@ class _Priced:
         self.lm_head = bundle.table("lm_head") if lm_head else None
         self.attention = bundle.table("attention")
         self.prefill = bundle.table("attention_prefill")
+        self.prompt = bundle.table("attention_prompt")      # bundles before it price prompts masked
         self.partial = bundle.table("attention_partial")
         self.query_max = float(self.attention.axes[1][-1])
         self._batch: dict[tuple, tuple[float, float]] = {}
@@ -95,11 +97,18 @@ class _Priced:
             return self.partial(n, q, kv_mean)
         if q <= self.query_max:
             return self.attention(n, q, max(kv_mean, q))
-        return n * self.prefill(q, max(kv_mean, q))
+        return n * self.long_query_s(q, kv_mean)
 
     def request_s(self, query: float, kv: float) -> float:
         if query <= self.query_max:
             return self.attention(1, query, max(kv, query))
+        return self.long_query_s(query, kv)
+
+    def long_query_s(self, query: float, kv: float) -> float:
+        """A whole prompt (KV no longer than the query, full attention) takes the engine's causal
+        prompt path; a chunk after a cached prefix the masked one."""
+        if self.prompt is not None and kv <= query and self.stack.kv_window is None:
+            return self.prompt(query)
         return self.prefill(query, max(kv, query))
 
 

@@ -43,9 +43,12 @@ from pathlib import Path
 from sim.errors import ScenarioError
 
 # Axes per operator. Full: geometric steps of at most 2 (1.5 at small token counts, where the
-# matmul library switches kernels); quick: about every other point.
-TOKENS = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096]
-TOKENS_QUICK = [1, 2, 4, 6, 8, 16, 32, 64, 128, 256, 512, 1024, 4096]
+# matmul library switches kernels); quick: about every other point. Tokens reach 8,192, a batch's
+# whole prefill (4 x 2,048, 16 x 512): past about 4,096 tokens a layer's activations outgrow the
+# CPU's caches and the elementwise work per token doubles, which a line from 4,096 did not see.
+TOKENS = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096,
+          6144, 8192]
+TOKENS_QUICK = [1, 2, 4, 6, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 8192]
 DRAFT_TOKENS = [1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 64]
 BATCH = [1, 2, 4, 8, 16]
 QUERY = [1, 2, 3, 4, 5, 6, 8, 12, 16, 32, 64]

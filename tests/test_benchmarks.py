@@ -47,3 +47,16 @@ def test_calibration_repeatability_compares_bundles_point_by_point(tmp_path):
     proc = subprocess.run([sys.executable, "benchmarks/calibration_repeatability.py", str(bundle), str(other)],
                           cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.strip().startswith("error: the bundles are of different")
+
+
+def test_prefill_benchmark_reports_both_paths_and_their_agreement():
+    import pytest
+
+    pytest.importorskip("torch")
+    pytest.importorskip("gguf")
+    proc = subprocess.run([sys.executable, "benchmarks/bench_prefill.py", "--lengths", "80", "--repeats", "1"],
+                          cwd=REPO, capture_output=True, text=True, check=True)
+    report = json.loads(proc.stdout.splitlines()[-1])
+    (row,) = report["rows"]
+    assert row["prompt_tokens"] == 80 and row["prompt_path_s"] > 0 and row["masked_path_s"] > 0
+    assert row["max_abs_logit_difference"] < 1e-3          # the same logits either way

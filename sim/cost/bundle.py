@@ -52,7 +52,7 @@ class Bundle:
 
         Each ratio comes from a few whole forwards of 0.05-1 s on a shared machine, so one shape's
         ratio moves by 20-40% from one calibration to the next (at one token and 256 KV tokens, 1.07
-        to 1.39 across the six committed CPU bundles; 1.00 to 1.52 between the shapes of one)
+        to 1.39 across six CPU bundles of 2026-11-30; 1.00 to 1.52 between the shapes of one)
         while the plane through all 42 shapes moves less; the measured ratios stay in the bundle
         as they are."""
         fit = self.factor_fit("forward_factor", ("tokens", "kv"))

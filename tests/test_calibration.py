@@ -291,6 +291,10 @@ def test_whole_prompts_read_the_prompt_table_and_chunks_after_a_prefix_the_prefi
     p = priced(out)
     # A prompt attends only to itself (KV = query): the engine's causal prompt path, no mask.
     assert p.request_s(300, 300) == pytest.approx(bundle.table("attention_prompt")(300), rel=1e-12)
+    # Past the table's longest prompt the price grows with the square of the prompt, as its work.
+    prompt = bundle.table("attention_prompt")
+    top = float(prompt.axes[0][-1])
+    assert p.request_s(2 * top, 2 * top) == pytest.approx(4 * prompt(top), rel=1e-12)
     # A chunk after 300 cached tokens runs masked: the prefill table at (query, KV).
     assert p.request_s(300, 600) == pytest.approx(bundle.table("attention_prefill")(300, 600), rel=1e-12)
     # A bundle measured before the prompt path prices prompts from the prefill table, as then.

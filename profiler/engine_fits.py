@@ -128,7 +128,7 @@ class EngineProbe:
         cost.forward_factor = OperatorTable("forward_factor", ("tokens", "kv"),
                                             [np.asarray(self.tokens_axis, dtype=float),
                                              np.asarray(self.kv_axis, dtype=float)],
-                                            np.asarray(factor), linear_above=False)
+                                            np.asarray(factor), power_above=0.0)
         forward_checks = [{"batch": b, "query": q, "kv": kv, "measured_s": float(np.median(times)),
                            "predicted_s": predicted_forward(cost, target, b, q, kv)}
                           for (b, q, kv), times in self.check_s.items()]

@@ -143,9 +143,9 @@ class Attention(nn.Module):
         keys, values = self.k_cache[:B, :, :S], self.v_cache[:B, :, :S]
         if rows is not None:
             keys, values = self.k_cache[:, :, :S][rows], self.v_cache[:, :, :S][rows]
-        if mask is None and T <= SMALL_QUERY:
-            mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()[None, None]
         if T <= SMALL_QUERY:
+            if mask is None:
+                mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()[None, None]
             return attend_small_query(q, keys, values, mask)
         if mask is None:
             # SDPA's causal kernel skips the masked half and never builds the T x T mask: a 6,144-token

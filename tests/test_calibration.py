@@ -45,6 +45,10 @@ def test_table_extrapolation_is_flat_below_and_linear_above():
     table = OperatorTable("t", ("tokens",), [np.array([2.0, 8.0])], np.array([1.0, 2.0]))
     assert table(1.0) == pytest.approx(1.0)
     assert table(16.0) == pytest.approx(4.0)        # 2.0 x 16 / 8
+    square = OperatorTable("t", ("tokens",), [np.array([2.0, 8.0])], np.array([1.0, 2.0]), power_above=2.0)
+    assert square(16.0) == pytest.approx(8.0)       # 2.0 x (16 / 8)^2
+    held = OperatorTable("t", ("tokens",), [np.array([2.0, 8.0])], np.array([1.0, 2.0]), power_above=0.0)
+    assert held(16.0) == pytest.approx(2.0)
     grid = OperatorTable("a", ("batch", "kv"), [np.array([1.0, 4.0]), np.array([10.0, 100.0])],
                          np.array([[1.0, 3.0], [2.0, 9.0]]))
     assert grid(8.0, 200.0) == pytest.approx(9.0 * 2 * 2)

@@ -30,6 +30,9 @@ from sim.errors import ScenarioError
 SCHEMA_VERSION = 1
 DIMS = ("batch", "query", "kv", "tokens", "context", "budget", "bytes")
 COLUMNS = (*DIMS, "op", "seconds", "spread", "runs", "held_out", "flops", "bytes_moved")
+# Past its longest prompt, a whole prompt's causal attention grows with the prompt's square (its
+# work is query x (query + 1) / 2 pairs); every other operator table linearly (sim/cost/table.py).
+POWER_ABOVE = {"attention_prompt": 2.0}
 MODEL_FIELDS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "tied_embeddings")
 
 
@@ -63,7 +66,7 @@ class Bundle:
         design = np.stack([np.ones(x.size), x.ravel(), y.ravel()], axis=1)
         coef, *_ = np.linalg.lstsq(design, measured.ravel(), rcond=None)
         plane = np.maximum((design @ coef).reshape(measured.shape), 1e-3)
-        return OperatorTable("forward_factor", ("tokens", "kv"), [tokens, kv], plane, linear_above=False)
+        return OperatorTable("forward_factor", ("tokens", "kv"), [tokens, kv], plane, power_above=0.0)
 
     def selection_factor(self) -> OperatorTable | None:
         """SpecPV's selection timed inside partial-verification forwards / the selection table, against
@@ -73,7 +76,7 @@ class Bundle:
         if fit is None:
             return None
         axes, measured = fit
-        return OperatorTable("selection_factor", ("batch", "context"), axes, measured, linear_above=False)
+        return OperatorTable("selection_factor", ("batch", "context"), axes, measured, power_above=0.0)
 
     def factor_fit(self, name: str, dims: tuple[str, str]) -> tuple[list[np.ndarray], np.ndarray] | None:
         """A fit of measured ratios over two axes (its `dims` and `factor` in meta.json): the axes and
@@ -160,7 +163,7 @@ def table_from_rows(name: str, spec: dict, rows) -> OperatorTable:
     if np.any(values <= 0):
         raise ValueError(f"operator {name} has a time of zero or less")
     # Every dim is work: more never takes less time, and a dip between grid points is noise.
-    return OperatorTable(name, dims, axes, monotone_in_every_dim(values))
+    return OperatorTable(name, dims, axes, monotone_in_every_dim(values), power_above=POWER_ABOVE.get(name, 1.0))
 
 
 def check_bundle(bundle: Bundle, scenario) -> list[str]:

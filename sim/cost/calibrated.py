@@ -108,9 +108,6 @@ class _Priced:
         """A whole prompt (KV no longer than the query, full attention) takes the engine's causal
         prompt path; a chunk after a cached prefix the masked one."""
         if self.prompt is not None and kv <= query and self.stack.kv_window is None:
-            top = float(self.prompt.axes[0][-1])
-            if query > top:      # causal attention's work grows with the square of the prompt
-                return self.prompt(top) * (query / top) ** 2
             return self.prompt(query)
         return self.prefill(query, max(kv, query))
 

@@ -10,9 +10,10 @@ held-out error 7.8-10.1% median instead of 7.9-10.4% on the four CPU bundles of 
 
 Outside the grid (documented in docs/architecture.md):
 - below an axis's smallest value: the value there (a latency floor: fewer tokens cost no less);
-- above its largest: the value there scaled by (x / largest), i.e. linear in that dim, which is
-  what a bandwidth- or compute-bound operator does once it is past its launch overheads; a table of
-  ratios rather than times (`linear_above=False`) holds its last value instead.
+- above its largest: the value there scaled by (x / largest) ** power_above: 1 (the default),
+  linear in that dim, which is what a bandwidth- or compute-bound operator does once it is past its
+  launch overheads; 2 for a whole prompt's attention, whose work grows with the square of the
+  prompt; 0 for a table of ratios rather than times, which holds its last value.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import numpy as np
 
 class OperatorTable:
     def __init__(self, name: str, dims: tuple[str, ...], axes: list[np.ndarray], seconds: np.ndarray,
-                 linear_above: bool = True):
+                 power_above: float = 1.0):
         if seconds.shape != tuple(len(a) for a in axes):
             raise ValueError(f"{name}: {seconds.shape} values for a grid of {[len(a) for a in axes]}")
         if not np.all(np.isfinite(seconds)) or np.any(seconds <= 0):
@@ -34,7 +35,7 @@ class OperatorTable:
                 raise ValueError(f"{name}: grid axis {list(a)} is not positive and increasing")
         self.name = name
         self.dims = dims
-        self.linear_above = linear_above
+        self.power_above = power_above
         self.axes = [np.asarray(a, dtype=float) for a in axes]
         self.seconds = np.asarray(seconds, dtype=float)
         self._log_axes = [[math.log(x) for x in a] for a in self.axes]
@@ -48,8 +49,7 @@ class OperatorTable:
         for axis, x in enumerate(coords):
             log_axis = self._log_axes[axis]
             if x > self._max[axis]:
-                if self.linear_above:
-                    scale *= x / self._max[axis]
+                scale *= (x / self._max[axis]) ** self.power_above
                 x = self._max[axis]
             lx = math.log(max(x, 1e-300))
             i = bisect_right(log_axis, lx) - 1

@@ -4,9 +4,12 @@
 
 Runs `profiler live --method none` (SmolLM2, fp32) at batch 1 and 8, on long-context prompts cut
 from a text (every prompt exactly --context tokens, so a batch has no padding) and on the packaged
-chat prompts (ragged lengths), then `python -m sim validate` on the runs with the bundle, and prints
-measured and predicted throughput and the error. Each live setting runs --repeats times; the
-table keeps each run, and the summary line the median error per batch size.
+chat prompts (ragged lengths), each with `--probe` (two fixed forwards timed before and after the
+run), then `python -m sim validate` on the runs with the bundle, and prints measured and predicted
+throughput and the error: the bundle's prediction ("cost model") and the same put at the machine's
+speed the probes measured ("cost model @ probe", sim/machine_speed.py; runs made without probes
+have only the first). Each live setting runs --repeats times; the table keeps each run, and the
+summary lines the median error per prediction and batch size.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def live(out: Path, batch: int, requests: int, max_new: int, context: int | None, text: Path | None) -> None:
     argv = [sys.executable, "-m", "profiler", "live", "--method", "none", "--batch", str(batch),
-            "--limit", str(requests), "--max-new-tokens", str(max_new), "--out", str(out)]
+            "--limit", str(requests), "--max-new-tokens", str(max_new), "--probe", "--out", str(out)]
     if context is not None:
         argv += ["--context", str(context), "--text", str(text)]
     subprocess.run(argv, check=True, capture_output=True, cwd=ROOT)
@@ -63,10 +66,12 @@ def main() -> int:
 
         with (root / "validation" / "validation.csv").open() as handle:
             rows = list(csv.DictReader(line for line in handle if not line.startswith("#")))
-        for batch in sorted({b for b, _ in runs}):
-            errors = [abs(float(r["tok_s_error"])) for r in rows if int(r["batch"]) == batch]
-            print(f"batch {batch}: median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%} "
-                  f"over {len(errors)} runs")
+        for prediction in sorted({r["prediction"] for r in rows}):
+            for batch in sorted({b for b, _ in runs}):
+                errors = [abs(float(r["tok_s_error"])) for r in rows
+                          if int(r["batch"]) == batch and r["prediction"] == prediction]
+                print(f"{prediction}, batch {batch}: median |error| {statistics.median(errors):.1%}, "
+                      f"worst {max(errors):.1%} over {len(errors)} runs")
     return 0
 
 

@@ -20,6 +20,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from profiler.machine_probe import measure_probe
 from sim.errors import ScenarioError
 
 METHODS = ("none", "ngram", "shadow", "layerskip", "streaming", "draft_model")
@@ -69,6 +70,9 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline", action="store_true", help="also run autoregressive decoding: speedup")
     parser.add_argument("--check-lossless", action="store_true",
                         help="compare with autoregressive output and report mismatches (implies --baseline)")
+    parser.add_argument("--probe", action="store_true",
+                        help="time two fixed forwards of the model before and after the run (meta.json "
+                             "machine_probe): the machine's speed at the run, for `sim validate`")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where the model runs; on cuda each phase is synchronized before it is timed")
@@ -281,16 +285,23 @@ def live_command(args, models: dict | None = None, quiet: bool = False) -> int:
                                                 f"model's maximum context {config.max_context}")
     if args.budget is not None and args.budget >= longest:
         raise ScenarioError("--budget", f"{args.budget} is not below the context ({longest} prompt tokens)")
-    speculative = run_batches(model, prompts, args, make_drafter(args, model, dtype), tok.eos_id, args.method)
+    drafter = make_drafter(args, model, dtype)
+    probe = {"before": measure_probe(model, config, args.device, args.seed)} if args.probe else None
+    speculative = run_batches(model, prompts, args, drafter, tok.eos_id, args.method)
     baseline = None
     if args.baseline or args.check_lossless:
         baseline = (speculative if args.method == "none"
                     else run_batches(model, prompts, args, None, tok.eos_id, "baseline"))
-    write_run(args, rows, prompts, tok, loaded, speculative, baseline, quiet)
+    if probe is not None:
+        probe["after"] = measure_probe(model, config, args.device, args.seed)
+        probe["shapes"] = probe["before"].pop("shapes")
+        probe["after"].pop("shapes")
+    write_run(args, rows, prompts, tok, loaded, speculative, baseline, quiet, probe)
     return 0
 
 
-def write_run(args, rows, prompts, tok, loaded, speculative, baseline, quiet: bool = False) -> None:
+def write_run(args, rows, prompts, tok, loaded, speculative, baseline, quiet: bool = False,
+              probe: dict | None = None) -> None:
     import pandas as pd
 
     steps, requests, outputs = [], [], []
@@ -314,7 +325,10 @@ def write_run(args, rows, prompts, tok, loaded, speculative, baseline, quiet: bo
                              "tokens_per_step": sum(s.committed for s in own) / len(own) if own else None})
             outputs.append({"request": rid, "text": tok.decode(out), "tokens": out})
     summary = summarize_run(speculative, baseline, args)
-    write_run_folder(args.out, pd.DataFrame(steps), pd.DataFrame(requests), summary, outputs, run_meta(args, loaded))
+    meta = run_meta(args, loaded)
+    if probe is not None:
+        meta["machine_probe"] = probe
+    write_run_folder(args.out, pd.DataFrame(steps), pd.DataFrame(requests), summary, outputs, meta)
     if not quiet:
         print(json.dumps(summary, indent=2))
 

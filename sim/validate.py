@@ -35,6 +35,8 @@ SIM_PHASES = {"prefill": ("prefill",), "target": ("decode", "verify", "partial_v
               "draft": ("draft",), "selection": ("selection",), "other": ("overhead", "transfer")}
 LIVE_PHASES = {"prefill": ("prefill",), "target": ("verify", "partial", "full", "mixed"), "draft": ("draft",),
                "selection": ("selection",), "other": ("other",)}
+# The suffix of a prediction put at the run's measured machine speed (`at_run_speed`).
+AT_PROBE = "@ probe"
 METRICS = ("tok_s", "speedup", "decode_speedup", "tpot_ms", "tokens_per_step")
 # A fitted acceptance model is a distribution: its prediction is the mean over this many seeded
 # simulations (a run of 1-16 requests is too few to average one draw of per-request rates).
@@ -65,6 +67,10 @@ class Comparison:
     repeats: int = 1
     measured_spread: float = 0.0        # fastest / slowest repeat's throughput - 1
     note: str = ""
+    # Every repeat's throughput and speedup (over the baseline's repeat of the same index), in the
+    # order the run folders were given: the machine's own repeatability (`repeatability`).
+    repeat_tok_s: tuple = ()
+    repeat_speedup: tuple = ()
 
     def error(self, metric: str) -> float | None:
         measured, predicted = getattr(self, f"measured_{metric}"), getattr(self, f"predicted_{metric}")
@@ -78,7 +84,8 @@ class Comparison:
         return max(abs(self.predicted_share.get(k, 0.0) - self.measured_share.get(k, 0.0)) for k in SHARES)
 
     def row(self) -> dict:
-        out = {k: v for k, v in asdict(self).items() if k not in ("measured_share", "predicted_share")}
+        out = {k: v for k, v in asdict(self).items()
+               if k not in ("measured_share", "predicted_share", "repeat_tok_s", "repeat_speedup")}
         for metric in METRICS:
             out[f"{metric}_error"] = self.error(metric)
         for k in SHARES:
@@ -214,7 +221,8 @@ def predict(run: LiveRun, calibration: Path | None, prediction: str, fitted: dic
             "decode_speedup": base_decode_s / decode_s if run.speculative and decode_s > 0 else None,
             "tpot_ms": float(np.mean(tpots)) * 1e3 if tpots else math.nan,
             "tokens_per_step": totals["committed"] / totals["steps"] if run.speculative and totals["steps"] else 1.0,
-            "share": share}
+            "share": share, "seconds": totals["seconds"], "prefill_s": totals["prefill"],
+            "base_seconds": totals["base_seconds"], "base_prefill_s": totals["base_prefill"]}
 
 
 def replay_builder(run: LiveRun, rids: list[int]):
@@ -263,6 +271,7 @@ def compare_runs(runs: list[LiveRun], calibration: Path | None, progress: bool =
     from sim.fit_acceptance import disagreement_from_runs, fit_drafter
 
     baselines = baselines_by_setting(runs)
+    speeds = {run.name: run_speed(run, calibration) for run in runs}
     comparisons = []
     iterator = runs
     if progress:
@@ -287,27 +296,107 @@ def compare_runs(runs: list[LiveRun], calibration: Path | None, progress: bool =
                 plans.append(("fitted", fitted, disagreement, note))
         for prediction, fitted, disagreement, note in plans:
             guess = predict(run, calibration, prediction, fitted, disagreement)
-            comparisons.append(Comparison(
-                run.name, run.method, run.drafter, run.batch, run.context_tokens, len(run.requests), prediction,
-                truth["tok_s"], guess["tok_s"], truth["speedup"], guess["speedup"], truth["decode_speedup"],
-                guess["decode_speedup"], truth["tpot_ms"],
-                guess["tpot_ms"], truth["tokens_per_step"], guess["tokens_per_step"], truth["share"],
-                guess["share"], len(run.repeat_tok_s) or 1,
-                max(run.repeat_tok_s) / min(run.repeat_tok_s) - 1 if run.repeat_tok_s else 0.0, note))
+            ratios = speeds[run.name]
+            if ratios is not None:
+                # Speedup over the run's own --baseline (same process) or its setting's autoregressive run.
+                base = None if run.summary.get("baseline_throughput_tok_s") else baselines.get(run.setting)
+                base_ratios = speeds.get(base.name) if base is not None else None
+                guesses = [(prediction, guess),
+                           (f"{prediction} {AT_PROBE}", at_run_speed(guess, ratios, base_ratios or ratios))]
+            else:
+                guesses = [(prediction, guess)]
+            for label, guess in guesses:
+                comparisons.append(Comparison(
+                    run.name, run.method, run.drafter, run.batch, run.context_tokens, len(run.requests), label,
+                    truth["tok_s"], guess["tok_s"], truth["speedup"], guess["speedup"], truth["decode_speedup"],
+                    guess["decode_speedup"], truth["tpot_ms"],
+                    guess["tpot_ms"], truth["tokens_per_step"], guess["tokens_per_step"], truth["share"],
+                    guess["share"], len(run.repeat_tok_s) or 1,
+                    max(run.repeat_tok_s) / min(run.repeat_tok_s) - 1 if run.repeat_tok_s else 0.0, note,
+                    run.repeat_tok_s, repeat_speedups(run, baselines)))
     return comparisons
+
+
+def run_speed(run: LiveRun, calibration: Path | None) -> dict | None:
+    """The machine's speed at the run over its bundle's (sim/machine_speed.py): None for a run
+    without a probe or a prediction without a bundle."""
+    from sim.machine_speed import measured_probe, priced_probe, speed_ratios
+
+    measured_now = measured_probe(run.meta)
+    if measured_now is None or calibration is None:
+        return None
+    scenario = batch_scenarios(run, calibration)[0][1]
+    priced = priced_probe(scenario, measured_now["shapes"])
+    return speed_ratios(measured_now, priced) if priced is not None else None
+
+
+def at_run_speed(guess: dict, ratios: dict, base_ratios: dict) -> dict:
+    """A prediction put at the machine's measured speed: its time and TPOT scaled by the probes'
+    ratios (prefill by the prompt probe's, the rest by the decode probe's), its speedup by the run's
+    and its baseline's own; tokens per step and time shares as predicted."""
+    from sim.machine_speed import scaled_seconds
+
+    seconds = scaled_seconds(guess["seconds"], guess["prefill_s"], ratios)
+    out = {**guess, "tok_s": guess["tok_s"] * guess["seconds"] / seconds,
+           "tpot_ms": guess["tpot_ms"] * ratios["decode"], "seconds": seconds}
+    if guess["speedup"] is not None:
+        base_seconds = scaled_seconds(guess["base_seconds"], guess["base_prefill_s"], base_ratios)
+        out["speedup"] = base_seconds / seconds
+        decode_s = guess["seconds"] - guess["prefill_s"]
+        if guess["decode_speedup"] is not None and decode_s > 0:
+            out["decode_speedup"] = guess["decode_speedup"] * base_ratios["decode"] / ratios["decode"]
+    return out
+
+
+def repeat_speedups(run: LiveRun, baselines: dict) -> tuple:
+    """Each repeat's throughput over the baseline's repeat of the same index (a study's pass N of
+    both), when both have the same number of repeats; empty otherwise."""
+    base = baselines.get(run.setting)
+    if not run.speculative or base is None or len(run.repeat_tok_s) < 2 \
+            or len(base.repeat_tok_s) != len(run.repeat_tok_s):
+        return ()
+    return tuple(mine / theirs for mine, theirs in zip(run.repeat_tok_s, base.repeat_tok_s))
 
 
 # ---- reports --------------------------------------------------------------------------------------
 
-def aggregate(rows: list[Comparison]) -> list[dict]:
-    """Median, P90 and worst |error| per prediction and metric."""
+def leave_one_out(values: tuple) -> list[float]:
+    """|each value / the median of the others - 1|: how far one repeat lands from what the others
+    measured."""
+    return [abs(v / float(np.median(values[:i] + values[i + 1:])) - 1) for i, v in enumerate(values)]
+
+
+def repeatability(rows: list[Comparison]) -> list[dict]:
+    """The measurement's own error, in the aggregate's form: each repeat of a run (3 or more)
+    against the median of its other repeats, throughput and speedup. A prediction cannot be held to
+    closer than this (a prediction is compared with the median repeat, whose own error is smaller
+    than one repeat's but not zero)."""
     out = []
-    for prediction in ("cost model", "replay", "fitted"):
+    for metric, field_name in (("tok_s", "repeat_tok_s"), ("speedup", "repeat_speedup")):
+        seen, errors = set(), []
+        for r in rows:
+            values = getattr(r, field_name)
+            if len(values) >= 3 and r.run not in seen:
+                seen.add(r.run)
+                errors += leave_one_out(values)
+        if errors:
+            out.append({"prediction": "repeats", "metric": metric, "runs": len(seen),
+                        "median": float(np.median(errors)), "p90": float(np.percentile(errors, 90)),
+                        "worst": float(max(errors))})
+    return out
+
+
+def aggregate(rows: list[Comparison]) -> list[dict]:
+    """Median, P90 and worst |error| per prediction and metric; then the repeats' own
+    (`repeatability`) where runs were repeated."""
+    out = []
+    plain = ("cost model", "replay", "fitted")
+    for prediction in (*plain, *(f"{p} {AT_PROBE}" for p in plain)):
         mine = [r for r in rows if r.prediction == prediction]
         if not mine:
             continue
         for metric in (*METRICS, "share"):
-            if prediction == "cost model" and metric == "tokens_per_step":
+            if prediction.startswith("cost model") and metric == "tokens_per_step":
                 continue            # one token per step by definition
             errors = np.array([abs(r.share_error) if metric == "share" else abs(r.error(metric))
                                for r in mine if (metric == "share" or r.error(metric) is not None)])
@@ -316,24 +405,24 @@ def aggregate(rows: list[Comparison]) -> list[dict]:
             out.append({"prediction": prediction, "metric": metric, "runs": int(errors.size),
                         "median": float(np.median(errors)), "p90": float(np.percentile(errors, 90)),
                         "worst": float(errors.max())})
-    return out
+    return out + repeatability(rows)
 
 
 def format_comparisons(rows: list[Comparison]) -> str:
     pct = lambda x: "" if x is None else f"{x:+.1%}"
     num = lambda x, f: "" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, f)
-    lines = [f"{'run':<32} {'prediction':<10} {'tok/s meas':>10} {'pred':>7} {'err':>7} {'speedup meas':>12} "
+    lines = [f"{'run':<32} {'prediction':<18} {'tok/s meas':>10} {'pred':>7} {'err':>7} {'speedup meas':>12} "
              f"{'pred':>6} {'err':>7} {'tok/step meas':>13} {'pred':>6} {'TPOT err':>8} {'share':>6}"]
     for r in rows:
-        lines.append(f"{r.run[:32]:<32} {r.prediction:<10} {r.measured_tok_s:>10.2f} {r.predicted_tok_s:>7.2f} "
+        lines.append(f"{r.run[:32]:<32} {r.prediction:<18} {r.measured_tok_s:>10.2f} {r.predicted_tok_s:>7.2f} "
                      f"{pct(r.error('tok_s')):>7} {num(r.measured_speedup, '.3f'):>12} "
                      f"{num(r.predicted_speedup, '.3f'):>6} {pct(r.error('speedup')):>7} "
                      f"{r.measured_tokens_per_step:>13.2f} {r.predicted_tokens_per_step:>6.2f} "
                      f"{pct(r.error('tpot_ms')):>8} {r.share_error:>6.1%}")
     lines.append("")
-    lines.append(f"{'prediction':<10} {'metric':<16} {'runs':>4} {'median':>7} {'P90':>7} {'worst':>7}   |error|")
+    lines.append(f"{'prediction':<18} {'metric':<16} {'runs':>4} {'median':>7} {'P90':>7} {'worst':>7}   |error|")
     for a in aggregate(rows):
-        lines.append(f"{a['prediction']:<10} {a['metric']:<16} {a['runs']:>4} {a['median']:>7.1%} "
+        lines.append(f"{a['prediction']:<18} {a['metric']:<16} {a['runs']:>4} {a['median']:>7.1%} "
                      f"{a['p90']:>7.1%} {a['worst']:>7.1%}")
     return "\n".join(lines)
 

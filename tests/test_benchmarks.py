@@ -3,7 +3,8 @@ import json
 import subprocess
 import sys
 
-from conftest import REPO
+import pytest
+from conftest import REPO, SHARED_DATA
 
 
 def test_iteration_benchmark_reports_its_figures():
@@ -60,3 +61,25 @@ def test_prefill_benchmark_reports_both_paths_and_their_agreement():
     (row,) = report["rows"]
     assert row["prompt_tokens"] == 80 and row["prompt_path_s"] > 0 and row["masked_path_s"] > 0
     assert row["max_abs_logit_difference"] < 1e-3          # the same logits either way
+
+
+def test_machine_drift_probes_runs_and_reads_them_back(tmp_path):
+    text = SHARED_DATA / "pride_and_prejudice.txt"
+    if not text.exists():
+        pytest.skip("needs ../shared/data")
+    out = tmp_path / "drift"
+    argv = [sys.executable, "benchmarks/machine_drift.py", "--text", str(text), "--iterations", "1", "--context", "64",
+            "--max-new-tokens", "2", "--out", str(out)]
+    first = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=True)
+    report = json.loads(first.stdout)["per_batch"]
+    assert set(report) == {"1", "8"} and all(b["runs"] == 1 and b["tok_s_median"] > 0 for b in report.values())
+    saved = json.loads((out / "probes.json").read_text())
+    assert saved["provenance"]["git_revision"] and saved["provenance"]["seed"] == 0
+    assert all(r["before"]["decode_s"] > 0 and r["after"]["prompt_s"] > 0 for r in saved["runs"])
+    # Run again on the folder: read back, not run again, and predicted with a bundle.
+    again = subprocess.run(argv + ["--bundle", str(REPO / "calibration" / "cpu" / "smollm2-135m")], cwd=REPO,
+                           capture_output=True, text=True, check=True)
+    assert "machine_drift:" not in again.stderr and "tok/s, decode probe" not in again.stderr
+    predictions = json.loads(again.stdout)["per_batch"]["8"]["prediction"]
+    assert set(predictions) == {"cost model", "cost model @ probe"}
+    assert predictions["cost model @ probe"]["median_abs_error"] >= 0

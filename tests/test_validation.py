@@ -55,6 +55,26 @@ def test_the_median_repeat_stands_for_a_run(tmp_path):
         merge_repeats([repeat(1, 9.0), repeat(2, 9.0, budget=256)])
 
 
+def test_repeats_give_the_measurements_own_error_beside_the_predictions():
+    from sim.validate import Comparison, aggregate, leave_one_out
+
+    assert leave_one_out((10.0, 11.0, 12.0)) == pytest.approx([abs(10 / 11.5 - 1), 0.0, abs(12 / 10.5 - 1)])
+
+    def row(run, prediction, tok_s=(), speedup=()):
+        return Comparison(run, "ngram", "ngram k=4", 1, 512.0, 2, prediction, 10.0, 10.5, 0.9, 0.95, None, None,
+                          60.0, 58.0, 1.5, 1.5, repeats=len(tok_s) or 1, repeat_tok_s=tok_s, repeat_speedup=speedup)
+
+    rows = [row("a", "replay", (10.0, 11.0, 12.0), (0.8, 0.9, 1.0)), row("a", "fitted", (10.0, 11.0, 12.0), (0.8, 0.9, 1.0)),
+            row("b", "replay", (10.0, 10.0)), row("c", "replay")]
+    repeats = {a["metric"]: a for a in aggregate(rows) if a["prediction"] == "repeats"}
+    # One run counted once (not per prediction); runs of fewer than three repeats left out.
+    assert repeats["tok_s"]["runs"] == 1 and repeats["speedup"]["runs"] == 1
+    assert repeats["tok_s"]["worst"] == pytest.approx(12 / 10.5 - 1)
+    assert repeats["speedup"]["median"] == pytest.approx(abs(0.8 / 0.95 - 1))
+    assert "repeat_tok_s" not in rows[0].row()                     # not a CSV column
+    assert not [a for a in aggregate([row("c", "replay")]) if a["prediction"] == "repeats"]
+
+
 def geometric(rng, rate, depth, steps):
     u = rng.random(steps)
     return np.minimum(np.floor(np.log(u) / np.log(rate)), depth).astype(int)

@@ -1,0 +1,56 @@
+"""The machine's speed at a run against its bundle's: the probe priced by the bundle, and a
+prediction put at the measured speed."""
+import shutil
+
+import pandas as pd
+import pytest
+from conftest import REPO
+
+from sim.machine_speed import measured_probe, priced_probe, probe_shapes, scaled_seconds, speed_ratios
+from sim.validate import at_run_speed
+
+BUNDLE = REPO / "calibration" / "cpu" / "smollm2-135m"
+SCENARIO = {"model": "smollm2-135m", "dtype": "fp32", "hardware": "cpu", "engine": "gpt-fast"}
+
+
+def test_a_bundle_twice_as_slow_prices_the_probe_twice_as_long(tmp_path):
+    slower = tmp_path / "slower"
+    shutil.copytree(BUNDLE, slower)
+    frame = pd.read_parquet(slower / "profile.parquet")
+    frame["seconds"] *= 2.0
+    frame.to_parquet(slower / "profile.parquet", index=False)
+    shapes = probe_shapes(8192)
+    assert shapes == {"decode_kv": 512, "prompt_tokens": 256} and probe_shapes(256) == {"decode_kv": 128,
+                                                                                         "prompt_tokens": 128}
+    base = priced_probe({**SCENARIO, "calibration": str(BUNDLE)}, shapes)
+    twice = priced_probe({**SCENARIO, "calibration": str(slower)}, shapes)
+    assert twice["decode_s"] == pytest.approx(2 * base["decode_s"]) and twice["prompt_s"] == pytest.approx(2 * base["prompt_s"])
+    # A prompt of 256 tokens costs several decode forwards; both well above zero.
+    assert base["prompt_s"] > 3 * base["decode_s"] > 0
+    assert priced_probe(SCENARIO, shapes) is None                 # roofline: no bundle to compare with
+
+
+def test_the_run_probe_is_the_mean_of_before_and_after():
+    meta = {"machine_probe": {"before": {"decode_s": 0.05, "prompt_s": 0.4}, "after": {"decode_s": 0.07, "prompt_s": 0.6},
+                              "shapes": {"decode_kv": 512, "prompt_tokens": 256}}}
+    probe = measured_probe(meta)
+    assert probe["decode_s"] == pytest.approx(0.06) and probe["prompt_s"] == pytest.approx(0.5)
+    assert measured_probe({}) is None
+    assert speed_ratios(probe, {"decode_s": 0.05, "prompt_s": 0.5}) == pytest.approx({"decode": 1.2, "prompt": 1.0})
+
+
+def test_a_prediction_at_the_run_speed_scales_prefill_and_decode_by_their_probes():
+    assert scaled_seconds(10.0, 2.0, {"decode": 1.5, "prompt": 0.5}) == pytest.approx(2.0 * 0.5 + 8.0 * 1.5)
+    guess = {"tok_s": 100.0, "seconds": 10.0, "prefill_s": 2.0, "base_seconds": 15.0, "base_prefill_s": 2.0,
+             "speedup": 1.5, "decode_speedup": 13.0 / 8.0, "tpot_ms": 50.0, "tokens_per_step": 2.5, "share": {}}
+    slow = {"decode": 1.2, "prompt": 1.0}
+    out = at_run_speed(guess, slow, slow)
+    assert out["tok_s"] == pytest.approx(1000.0 / (2.0 + 8.0 * 1.2))
+    assert out["speedup"] == pytest.approx((2.0 + 13.0 * 1.2) / (2.0 + 8.0 * 1.2))
+    assert out["tpot_ms"] == pytest.approx(60.0) and out["tokens_per_step"] == 2.5
+    # The baseline measured at another speed than the run moves the predicted speedup with it.
+    faster_base = at_run_speed(guess, slow, {"decode": 1.0, "prompt": 1.0})
+    assert faster_base["speedup"] == pytest.approx(15.0 / (2.0 + 8.0 * 1.2))
+    assert faster_base["decode_speedup"] == pytest.approx(13.0 / 8.0 / 1.2)
+    autoregressive = at_run_speed({**guess, "speedup": None, "decode_speedup": None}, slow, slow)
+    assert autoregressive["speedup"] is None

@@ -13,6 +13,8 @@ steps and fitted against a bundle's operator tables (`profiler calibrate`, step 
   token than predicted; at batch 4-16 and 6,144 tokens the measured factor is below it.
 - step_overhead_s + request_overhead_s: the engine's host time per decoding step, fixed and per
   request.
+- machine_probe: the two probe forwards of profiler/machine_probe.py, the median over the rounds:
+  the machine's speed during this calibration, for `sim validate`'s predictions at a run's speed.
 
 `EngineProbe` measures one round of everything at a time; calibrate runs a round after each round
 of operator timing, so whole forwards and operators are timed over the same minutes and their ratio
@@ -36,7 +38,7 @@ class EngineProbe:
 
         from profiler.loaders import random_model
 
-        self.config, self.device, self.quick = config, device, quick
+        self.config, self.device, self.quick, self.seed = config, device, quick, seed
         self.model = random_model(config, dtype, device, seed).model
         self.generator = torch.Generator().manual_seed(seed)
         self.sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -61,6 +63,9 @@ class EngineProbe:
                                    if c + 8 <= config.max_context] if selection and device != "cuda" else []
         self.selection_s: dict[tuple, list[float]] = {
             (b, c, k): [] for b in self.selection_batches for c in self.selection_contexts for k in SELECTION_BUDGETS}
+        # The machine probe (profiler/machine_probe.py) once a round: the speed this bundle was
+        # measured at, which a live run's own probe is compared with (sim/machine_speed.py).
+        self.machine_probe: list[dict] = []
 
     def measure_round(self) -> None:
         """One round: every whole-forward shape and check, a decoding run per batch, and selection
@@ -91,6 +96,9 @@ class EngineProbe:
                     self.selection_s[(batch, context, budget)] += time_selection_in_forward(
                         self.model, self.config, batch, context, budget, self.generator, self.device,
                         forwards=2 if self.quick else 1)
+        from profiler.machine_probe import measure_probe
+
+        self.machine_probe.append(measure_probe(self.model, self.config, self.device, self.seed))
         self.model.setup_cache(1, 1)     # the largest caches released between rounds
 
     def time_forward(self, batch: int, query: int, kv: int) -> float:
@@ -141,6 +149,12 @@ class EngineProbe:
         selection = self.fit_selection_factor(cost)
         if selection is not None:
             fits["selection_factor"] = selection
+        if self.machine_probe:
+            fits["machine_probe"] = {
+                "decode_s": float(np.median([r["decode_s"] for r in self.machine_probe])),
+                "prompt_s": float(np.median([r["prompt_s"] for r in self.machine_probe])),
+                "shapes": self.machine_probe[0]["shapes"],
+                "rounds": [{k: r[k] for k in ("decode_s", "prompt_s")} for r in self.machine_probe]}
         return fits, forward_checks
 
     def fit_selection_factor(self, cost) -> dict | None:

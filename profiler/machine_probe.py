@@ -1,12 +1,13 @@
 """The machine probe: two fixed forwards of the run's own model, timed just before and after a live
-run (`profiler live --probe`), so a prediction can be put at the speed the machine ran at
-(sim/machine_speed.py prices the same two forwards from a bundle).
+run (`profiler live --probe`) and in every calibration round, so a prediction can be put at the
+speed the machine ran at (sim/machine_speed.py).
 
 A decode forward (batch 1, one query token at sim.machine_speed.PROBE_DECODE_KV cached tokens:
 weight-bandwidth-bound, like decoding) and a whole prompt of PROBE_PROMPT_TOKENS tokens on the
 engine's prefill path (compute-bound, like prefill), each the median of about PROBE_S seconds of
-calls (profiler.timing.time_call). On this CPU they take 50-70 ms and 0.45-0.6 s: about 3.5 s
-around a run for both probes, before and after.
+calls (profiler.timing.time_call, after its warm-up calls). On this CPU they take 50-70 ms and
+0.45-0.6 s: about 3.5 s for the pair, 7 s around a run. `profiler calibrate` times the same pair
+once a round (profiler/engine_fits.py), so a bundle carries the speed it was measured at.
 """
 from __future__ import annotations
 

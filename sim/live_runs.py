@@ -127,7 +127,9 @@ def merge_repeats(runs: list[LiveRun]) -> list[LiveRun]:
         by_name.setdefault(run.name, []).append(run)
     merged = []
     for name, group in by_name.items():
-        arguments = {json.dumps({k: v for k, v in r.args.items() if k != "out"}, sort_keys=True) for r in group}
+        # --out and --probe change where a run is written and what is measured around it, not the run.
+        arguments = {json.dumps({k: v for k, v in r.args.items() if k not in ("out", "probe")}, sort_keys=True)
+                     for r in group}
         if len(arguments) > 1:
             raise ScenarioError("RUN_DIR", f"two runs named {name} have different arguments; give each run its own name")
         by_speed = sorted(group, key=lambda r: -float(r.summary["throughput_tok_s"]))

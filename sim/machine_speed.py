@@ -1,17 +1,23 @@
 """The machine's speed at a live run, against the speed its calibration bundle was measured at.
 
 A bundle prices operators at the machine's state during its calibration. A shared machine moves:
-this CPU VM ran the same forwards 12-14% faster at 22:50 than during the committed bundle's
-calibration four hours earlier, and every autoregressive run of that hour was predicted 11-13% slow
-(docs/validation.md, `benchmarks/machine_drift.py`). `profiler live --probe` times two fixed
-forwards of the run's model just before and after the run (the probe: a decode forward at
+this CPU VM ran the committed bundle's two probe forwards 9-13% faster at 23:05-23:17 than the
+bundle prices them (measured four hours after it), and every autoregressive run of that hour was
+predicted 12-13% slow (docs/validation.md, `benchmarks/machine_drift.py`). `profiler live --probe`
+times two fixed forwards of the run's model just before and after the run (a decode forward at
 PROBE_DECODE_KV cached tokens, bandwidth-bound like decoding, and a whole PROBE_PROMPT_TOKENS-token
-prompt, compute-bound like prefill) and records them in meta.json. The calibrated cost model prices
-the same two forwards; measured over priced is the machine's speed at the run relative to the
-bundle's. A prediction scaled by it (prefill time by the prompt probe's ratio, everything else by
-the decode probe's) is the bundle's prediction at the speed the machine ran at: `sim validate`
-reports it beside the plain one, so the model's error and the machine's drift are told apart.
-The probe is measured outside the run, never from it.
+prompt, compute-bound like prefill: profiler/machine_probe.py) and records them in meta.json;
+`profiler calibrate` times the same two in each of its rounds and keeps the median in the bundle
+(fits.machine_probe). The run's probe over the calibration's is the machine's speed at the run
+relative to the bundle's. A prediction scaled by it (prefill time by the prompt probe's ratio,
+everything else by the decode probe's) is the bundle's prediction at the speed the machine ran at:
+`sim validate` reports it beside the plain one, so the model's error and the machine's drift are
+told apart. The probe is measured outside the run, never from it.
+
+A bundle made before calibrate timed the probe has none; the ratio then is the run's probe over the
+bundle's own price of the two forwards (`priced_probe`). That ratio also takes out the model's own
+error at those two shapes, so it flatters the shapes near them (batch-1 decoding above all), and
+`sim validate` says so in the row's note.
 """
 from __future__ import annotations
 
@@ -35,6 +41,15 @@ def measured_probe(meta: dict) -> dict | None:
     return {"decode_s": mean("decode_s"), "prompt_s": mean("prompt_s"), "shapes": probe["shapes"]}
 
 
+def calibration_probe(bundle_meta: dict, shapes: dict) -> dict | None:
+    """The probe timed during the bundle's calibration (fits.machine_probe), if it has one of the
+    same shapes."""
+    probe = bundle_meta.get("fits", {}).get("machine_probe")
+    if not probe or probe.get("shapes") != shapes:
+        return None
+    return {"decode_s": probe["decode_s"], "prompt_s": probe["prompt_s"]}
+
+
 def priced_probe(scenario: dict, shapes: dict) -> dict | None:
     """The two probe forwards priced by the scenario's cost model (None without a calibration)."""
     from sim.cost.batch import DECODE, PHASES, PREFILL, Group
@@ -54,9 +69,11 @@ def priced_probe(scenario: dict, shapes: dict) -> dict | None:
             "prompt_s": cost.forward(target, [whole_prompt], [0.0] * len(PHASES))}
 
 
-def speed_ratios(measured: dict, priced: dict) -> dict:
-    """Measured over priced seconds per probe: above 1, the machine ran slower than calibrated."""
-    return {"decode": measured["decode_s"] / priced["decode_s"], "prompt": measured["prompt_s"] / priced["prompt_s"]}
+def speed_ratios(measured: dict, reference: dict) -> dict:
+    """The run's probe seconds over the reference's (the calibration's probe, or its price): above
+    1, the machine ran slower than calibrated."""
+    return {"decode": measured["decode_s"] / reference["decode_s"],
+            "prompt": measured["prompt_s"] / reference["prompt_s"]}
 
 
 def scaled_seconds(seconds: float, prefill_s: float, ratios: dict) -> float:

@@ -297,15 +297,20 @@ def compare_runs(runs: list[LiveRun], calibration: Path | None, progress: bool =
         for prediction, fitted, disagreement, note in plans:
             guess = predict(run, calibration, prediction, fitted, disagreement)
             ratios = speeds[run.name]
+            guesses = [(prediction, guess, note)]
             if ratios is not None:
-                # Speedup over the run's own --baseline (same process) or its setting's autoregressive run.
-                base = None if run.summary.get("baseline_throughput_tok_s") else baselines.get(run.setting)
-                base_ratios = speeds.get(base.name) if base is not None else None
-                guesses = [(prediction, guess),
-                           (f"{prediction} {AT_PROBE}", at_run_speed(guess, ratios, base_ratios or ratios))]
-            else:
-                guesses = [(prediction, guess)]
-            for label, guess in guesses:
+                # Speedup is over the run's own --baseline (same process) if it has one, else over
+                # its setting's autoregressive run; decode speedup always over the latter (measured).
+                setting_base = baselines.get(run.setting)
+                setting_ratios = speeds.get(setting_base.name) if setting_base is not None else None
+                base_ratios = ratios if run.summary.get("baseline_throughput_tok_s") else setting_ratios
+                notes = [note] + [PRICED_PROBE_NOTE] * ratios["priced"]
+                if run.speculative and base_ratios is None:
+                    notes.append("baseline without a probe: taken at the run's speed")
+                guesses.append((f"{prediction} {AT_PROBE}",
+                                at_run_speed(guess, ratios, base_ratios or ratios, setting_ratios or ratios),
+                                "; ".join(n for n in notes if n)))
+            for label, guess, note in guesses:
                 comparisons.append(Comparison(
                     run.name, run.method, run.drafter, run.batch, run.context_tokens, len(run.requests), label,
                     truth["tok_s"], guess["tok_s"], truth["speedup"], guess["speedup"], truth["decode_speedup"],
@@ -317,23 +322,32 @@ def compare_runs(runs: list[LiveRun], calibration: Path | None, progress: bool =
     return comparisons
 
 
+# The note on a prediction at the run's speed whose reference is the bundle's price of the probe.
+PRICED_PROBE_NOTE = "speed against the bundle's price of the probe (the bundle has no probe of its own)"
+
+
 def run_speed(run: LiveRun, calibration: Path | None) -> dict | None:
-    """The machine's speed at the run over its bundle's (sim/machine_speed.py): None for a run
-    without a probe or a prediction without a bundle."""
-    from sim.machine_speed import measured_probe, priced_probe, speed_ratios
+    """The machine's speed at the run over its bundle's (sim/machine_speed.py): ratios per probe
+    and whether the reference was priced rather than timed; None for a run without a probe or a
+    prediction without a bundle."""
+    from sim.cost.bundle import load_bundle
+    from sim.machine_speed import calibration_probe, measured_probe, priced_probe, speed_ratios
 
     measured_now = measured_probe(run.meta)
     if measured_now is None or calibration is None:
         return None
-    scenario = batch_scenarios(run, calibration)[0][1]
-    priced = priced_probe(scenario, measured_now["shapes"])
-    return speed_ratios(measured_now, priced) if priced is not None else None
+    reference = calibration_probe(load_bundle(calibration).meta, measured_now["shapes"])
+    priced = reference is None
+    if priced:
+        reference = priced_probe(batch_scenarios(run, calibration)[0][1], measured_now["shapes"])
+    return {**speed_ratios(measured_now, reference), "priced": priced}
 
 
-def at_run_speed(guess: dict, ratios: dict, base_ratios: dict) -> dict:
+def at_run_speed(guess: dict, ratios: dict, base_ratios: dict, decode_base_ratios: dict | None = None) -> dict:
     """A prediction put at the machine's measured speed: its time and TPOT scaled by the probes'
     ratios (prefill by the prompt probe's, the rest by the decode probe's), its speedup by the run's
-    and its baseline's own; tokens per step and time shares as predicted."""
+    and its baseline's own (`decode_base_ratios`: those of the run the decode speedup was measured
+    against, when it is not the speedup's baseline); tokens per step and time shares as predicted."""
     from sim.machine_speed import scaled_seconds
 
     seconds = scaled_seconds(guess["seconds"], guess["prefill_s"], ratios)
@@ -344,7 +358,7 @@ def at_run_speed(guess: dict, ratios: dict, base_ratios: dict) -> dict:
         out["speedup"] = base_seconds / seconds
         decode_s = guess["seconds"] - guess["prefill_s"]
         if guess["decode_speedup"] is not None and decode_s > 0:
-            out["decode_speedup"] = guess["decode_speedup"] * base_ratios["decode"] / ratios["decode"]
+            out["decode_speedup"] = guess["decode_speedup"] * (decode_base_ratios or base_ratios)["decode"] / ratios["decode"]
     return out
 
 

@@ -267,6 +267,10 @@ def test_calibrate_writes_a_complete_bundle(tiny_bundle):
     selection = fits["selection_factor"]
     assert selection["batch"] == [1, 4] and selection["context"] == [512]
     assert np.min(selection["factor"]) > 0 and bundle.selection_factor() is not None
+    # The machine probe, once a round, at shapes that fit the tiny model's context.
+    probe = fits["machine_probe"]
+    assert probe["shapes"] == {"decode_kv": 512, "prompt_tokens": 256} and len(probe["rounds"]) == 1
+    assert probe["prompt_s"] > probe["decode_s"] > 0
     import pandas as pd
 
     frame = pd.read_parquet(out / "profile.parquet")

@@ -54,3 +54,61 @@ def test_a_prediction_at_the_run_speed_scales_prefill_and_decode_by_their_probes
     assert faster_base["decode_speedup"] == pytest.approx(13.0 / 8.0 / 1.2)
     autoregressive = at_run_speed({**guess, "speedup": None, "decode_speedup": None}, slow, slow)
     assert autoregressive["speedup"] is None
+
+
+def bundle_with_probe(tmp_path, decode_s: float, prompt_s: float):
+    """The committed bundle with a calibration probe of these seconds in its fits."""
+    import json
+
+    copy = tmp_path / "bundle"
+    shutil.copytree(BUNDLE, copy)
+    meta = json.loads((copy / "meta.json").read_text())
+    meta["fits"]["machine_probe"] = {"decode_s": decode_s, "prompt_s": prompt_s,
+                                     "shapes": {"decode_kv": 512, "prompt_tokens": 256}}
+    (copy / "meta.json").write_text(json.dumps(meta))
+    return copy
+
+
+def with_probe(tmp_path, source, decode_s: float, prompt_s: float):
+    """A copy of a committed run folder whose meta.json carries a probe of these seconds."""
+    import json
+
+    copy = tmp_path / "runs" / source.name
+    shutil.copytree(source, copy)
+    meta = json.loads((copy / "meta.json").read_text())
+    meta["machine_probe"] = {"before": {"decode_s": decode_s, "prompt_s": prompt_s},
+                             "after": {"decode_s": decode_s, "prompt_s": prompt_s},
+                             "shapes": {"decode_kv": 512, "prompt_tokens": 256}}
+    (copy / "meta.json").write_text(json.dumps(meta))
+    return copy
+
+
+def test_validate_puts_predictions_at_the_runs_speed_against_the_calibrations_probe(tmp_path):
+    from sim.live_runs import read_runs
+    from sim.validate import PRICED_PROBE_NOTE, compare_runs
+
+    study = REPO / "validation" / "cpu-default"
+    # The machine 25% slower at the speculative run than at calibration, 10% slower at its baseline.
+    runs = read_runs([with_probe(tmp_path, study / "ngram-c512-b1", 0.075, 0.625),
+                      with_probe(tmp_path, study / "none-c512-b1", 0.066, 0.55)])
+    rows = {(r.run, r.prediction): r for r in compare_runs(runs, bundle_with_probe(tmp_path, 0.06, 0.5))}
+    plain, scaled = rows[("ngram-c512-b1", "replay")], rows[("ngram-c512-b1", "replay @ probe")]
+    assert scaled.predicted_tok_s == pytest.approx(plain.predicted_tok_s / 1.25)
+    assert scaled.predicted_speedup == pytest.approx(plain.predicted_speedup * 1.1 / 1.25)
+    assert scaled.predicted_tokens_per_step == plain.predicted_tokens_per_step and scaled.note == ""
+    base = rows[("none-c512-b1", "cost model @ probe")]
+    assert base.predicted_tok_s == pytest.approx(rows[("none-c512-b1", "cost model")].predicted_tok_s / 1.1)
+    # The committed bundle has no probe: the reference is its price of the probe, and the row says so.
+    priced = [r for r in compare_runs(runs[1:], BUNDLE) if r.prediction.endswith("@ probe")]
+    assert len(priced) == 1 and priced[0].note == PRICED_PROBE_NOTE
+    # No probe in the run, or no bundle: no prediction at the run's speed.
+    assert not [r for r in compare_runs(read_runs([study / "none-c512-b1"]), BUNDLE) if "@ probe" in r.prediction]
+
+
+def test_a_calibration_probe_of_other_shapes_is_not_compared():
+    from sim.machine_speed import calibration_probe
+
+    meta = {"fits": {"machine_probe": {"decode_s": 0.05, "prompt_s": 0.4, "shapes": {"decode_kv": 512, "prompt_tokens": 256}}}}
+    assert calibration_probe(meta, {"decode_kv": 512, "prompt_tokens": 256}) == {"decode_s": 0.05, "prompt_s": 0.4}
+    assert calibration_probe(meta, {"decode_kv": 128, "prompt_tokens": 128}) is None
+    assert calibration_probe({"fits": {}}, {"decode_kv": 512, "prompt_tokens": 256}) is None

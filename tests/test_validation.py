@@ -53,6 +53,8 @@ def test_the_median_repeat_stands_for_a_run(tmp_path):
     assert two[0].path == tmp_path / "2" / "ngram-c512-b1"         # of two, the faster
     with pytest.raises(ScenarioError, match="different arguments"):
         merge_repeats([repeat(1, 9.0), repeat(2, 9.0, budget=256)])
+    # A repeat with the machine probe around it (or one from before the flag) is the same run.
+    assert len(merge_repeats([repeat(1, 9.0), repeat(2, 10.0, probe=True), repeat(3, 11.0, probe=False)])) == 1
 
 
 def test_repeats_give_the_measurements_own_error_beside_the_predictions():

@@ -31,6 +31,9 @@ def add_study_arguments(parser: argparse.ArgumentParser) -> None:
                         help="which repeat of the study to run: 1 writes DIR/NAME, N > 1 writes DIR/repeats/N/NAME; "
                              "even repeats run in reverse order (so a slow spell of the machine does not hit the "
                              "same runs every time)")
+    parser.add_argument("--probe", action="store_true",
+                        help="time the machine probe before and after every run (profiler live --probe): about 7 s "
+                             "a run on a 2-core CPU, so `sim validate` adds predictions at the machine's speed")
 
 
 def repeat_folder(out: Path, repeat: int) -> Path:
@@ -85,8 +88,10 @@ def live_argv(run: dict, defaults: dict, text: Path | None, out: Path) -> list[s
     return argv + ["--out", str(out)]
 
 
-def parse_runs(study: dict, text: Path | None, out: Path, only: list[str] | None) -> list[tuple[str, argparse.Namespace]]:
-    """Every run's parsed and checked live arguments, before any run starts."""
+def parse_runs(study: dict, text: Path | None, out: Path, only: list[str] | None,
+               probe: bool = False) -> list[tuple[str, argparse.Namespace]]:
+    """Every run's parsed and checked live arguments, before any run starts (`probe`: each with
+    --probe, whatever the study says)."""
     from profiler.live import add_live_arguments, check_arguments
 
     runs = [r for r in study["runs"] if only is None or r["name"] in only]
@@ -98,7 +103,8 @@ def parse_runs(study: dict, text: Path | None, out: Path, only: list[str] | None
     for run in runs:
         parser = StudyRunParser(prog=f"study run {run['name']}")
         add_live_arguments(parser)
-        args = parser.parse_args(live_argv(run, study.get("defaults"), text, out / run["name"]))
+        defaults = {**(study.get("defaults") or {}), **({"probe": True} if probe else {})}
+        args = parser.parse_args(live_argv(run, defaults, text, out / run["name"]))
         if not args.out.exists():
             check_arguments(args)
         parsed.append((run["name"], args))
@@ -120,7 +126,7 @@ def study_command(args) -> int:
     if args.repeat < 1:
         raise ScenarioError("--repeat", f"must be >= 1 (got {args.repeat})")
     out = repeat_folder(args.out, args.repeat)
-    runs = parse_runs(study, args.text, out, args.only)
+    runs = parse_runs(study, args.text, out, args.only, getattr(args, "probe", False))
     if args.repeat % 2 == 0:
         runs = runs[::-1]
     record_path = out / "study.json"

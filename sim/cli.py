@@ -1,5 +1,5 @@
 """python -m sim run SCENARIO [--set FIELD=VALUE ...] [--vary FIELD=V1,V2,...] [--json] [--out FILE]
-python -m sim validate RUN_DIR... | --study NAME --text FILE [--calibration DIR] [--out DIR] [--docs FILE]
+python -m sim validate RUN_DIR... | --study NAME --text FILE [--probe] [--calibration DIR] [--out DIR] [--docs FILE]
 python -m sim fit-acceptance RUN_DIR... [--vllm FILE ...] -o acceptance.yaml
 python -m sim sweep [STUDY.yaml] [--executor local|ray] [--address ADDR] [--workers N] [--resume] [--out DIR]
 python -m sim report RESULTS_DIR [--validation CSV] [--out FILE]
@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--study", help="run this validation study's live runs first (profiler/studies: "
                                           "cpu-default, smoke, or a YAML file), then validate them")
     validate.add_argument("--text", type=Path, help="with --study: the long text prompts are cut from")
+    validate.add_argument("--probe", action="store_true",
+                          help="with --study: time the machine probe around every live run (profiler live --probe; "
+                               "about 7 s a run here) and add each prediction at the machine's measured speed")
     validate.add_argument("--repeats", type=int, help="with --study: how many times to run it (default: the "
                                                       "study's `repeats`); each run is measured by its median repeat")
     validate.add_argument("--calibration", type=Path,

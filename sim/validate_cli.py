@@ -19,7 +19,8 @@ def validate_command(args) -> int:
     from sim.validate import compare_runs, comparisons_frame, format_comparisons, parity_html
 
     if args.study is None:
-        for flag, value in (("--docs", args.docs), ("--text", args.text), ("--repeats", args.repeats)):
+        for flag, value in (("--docs", args.docs), ("--text", args.text), ("--repeats", args.repeats),
+                            ("--probe", args.probe or None)):
             if value is not None:
                 raise ScenarioError(flag, "applies to a study: give --study NAME")
     study = None
@@ -82,6 +83,8 @@ def run_study(args) -> tuple[dict, list[Path]]:
         command = [sys.executable, "-m", "profiler", "study", args.study, "--out", str(out), "--repeat", str(repeat)]
         if args.text is not None:
             command += ["--text", str(args.text)]
+        if args.probe:
+            command.append("--probe")
         done = subprocess.run(command)
         if done.returncode != 0:
             raise ScenarioError("--study", f"the study's live runs stopped (exit {done.returncode}); rerun to resume")
@@ -106,6 +109,8 @@ def update_docs(path: Path, study: dict, rows, args, calibration) -> None:
     command = f"python -m sim validate --study {args.study}"
     if args.text is not None:
         command += f" --text {args.text}"
+    if args.probe:
+        command += " --probe"
     if args.calibration is not None:
         command += f" --calibration {args.calibration}"
     table = markdown_tables(rows, command)
@@ -118,21 +123,27 @@ def update_docs(path: Path, study: dict, rows, args, calibration) -> None:
 
 
 def markdown_tables(rows, command: str) -> str:
-    from sim.validate import aggregate
+    from sim.validate import AT_PROBE, aggregate
 
     pct = lambda x: "" if x is None else f"{x:+.1%}"
     by_run: dict[str, dict] = {}
     for r in rows:
         by_run.setdefault(r.run, {})[r.prediction] = r
+    # Runs recorded with --probe add the throughput error at the machine's measured speed.
+    probed = any(r.prediction.endswith(AT_PROBE) for r in rows)
+    probe_head, probe_rule = ("error at the probe's speed | ", "---|") if probed else ("", "")
     lines = [f"Reproduce: `{command}`", "",
              "| run | drafter | batch | context | tok/s measured | repeats spread | predicted (replay / fitted) | error | "
-             "speedup measured | predicted (replay / fitted) | error | tokens/step measured | fitted |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"{probe_head}speedup measured | predicted (replay / fitted) | error | tokens/step measured | fitted |",
+             f"|---|---|---|---|---|---|---|---|{probe_rule}---|---|---|---|---|"]
     for name, preds in by_run.items():
         first = next(iter(preds.values()))
         order = [preds.get(p) for p in ("cost model", "replay", "fitted") if p in preds]
         tok = " / ".join(f"{r.predicted_tok_s:.2f}" for r in order)
         tok_err = " / ".join(pct(r.error("tok_s")) for r in order)
+        if probed:
+            at_probe = [preds[f"{p} {AT_PROBE}"] for p in ("cost model", "replay", "fitted") if f"{p} {AT_PROBE}" in preds]
+            tok_err += " | " + " / ".join(pct(r.error("tok_s")) for r in at_probe)
         if first.measured_speedup is not None:
             speed = " / ".join(f"{r.predicted_speedup:.3f}" for r in order)
             speed_err = " / ".join(pct(r.error("speedup")) for r in order)

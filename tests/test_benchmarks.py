@@ -82,6 +82,24 @@ def test_machine_drift_probes_runs_and_reads_them_back(tmp_path):
     assert "machine_drift:" not in again.stderr and "tok/s, decode probe" not in again.stderr
     predictions = json.loads(again.stdout)["per_batch"]["8"]["prediction"]
     assert set(predictions) == {"cost model", "cost model @ probe"}
-    # The committed bundle has no probe of its own: the one-run figure is its own median and worst.
+    # One run per batch: its error is the median and the worst.
     at_probe = predictions["cost model @ probe"]
     assert at_probe["median_abs_error"] == at_probe["worst_abs_error"] == abs(at_probe["median_error"])
+
+
+def test_autoregressive_check_measures_each_setting_by_its_median_repeat(capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("validate_ar", REPO / "benchmarks" / "validate_ar_calibrated.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    row = lambda run, batch, measured, predicted: {"run": run, "prediction": "cost model", "batch": str(batch),
+                                                   "measured_tok_s": str(measured), "predicted_tok_s": str(predicted)}
+    # Three repeats of one setting (one in a slow spell) and two of another.
+    module.print_median_of_repeats([row("chat-b1-r0", 1, 20.0, 21.0), row("chat-b1-r1", 1, 14.0, 21.0),
+                                    row("chat-b1-r2", 1, 21.0, 21.0), row("context512-b1-r0", 1, 10.0, 9.0),
+                                    row("context512-b1-r1", 1, 10.0, 9.0)])
+    out = capsys.readouterr().out
+    assert "chat-b1        measured   20.00 tok/s over 3 repeats, predicted   21.00, error +5.0%" in out
+    assert "context512-b1  measured   10.00 tok/s over 2 repeats, predicted    9.00, error -10.0%" in out
+    assert "cost model, batch 1, median of repeats: median |error| 7.5%, worst 10.0% over 2 settings" in out

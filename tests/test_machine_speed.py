@@ -57,28 +57,33 @@ def test_a_prediction_at_the_run_speed_scales_prefill_and_decode_by_their_probes
 
 
 def bundle_with_probe(tmp_path, decode_s: float, prompt_s: float):
-    """The committed bundle with a calibration probe of these seconds in its fits."""
+    """The committed bundle with a calibration probe of these seconds in its fits (None: none)."""
     import json
 
-    copy = tmp_path / "bundle"
+    copy = tmp_path / ("bundle" if decode_s is not None else "bundle-without-probe")
     shutil.copytree(BUNDLE, copy)
     meta = json.loads((copy / "meta.json").read_text())
-    meta["fits"]["machine_probe"] = {"decode_s": decode_s, "prompt_s": prompt_s,
-                                     "shapes": {"decode_kv": 512, "prompt_tokens": 256}}
+    meta["fits"].pop("machine_probe", None)
+    if decode_s is not None:
+        meta["fits"]["machine_probe"] = {"decode_s": decode_s, "prompt_s": prompt_s,
+                                         "shapes": {"decode_kv": 512, "prompt_tokens": 256}}
     (copy / "meta.json").write_text(json.dumps(meta))
     return copy
 
 
 def with_probe(tmp_path, source, decode_s: float, prompt_s: float):
-    """A copy of a committed run folder whose meta.json carries a probe of these seconds."""
+    """A copy of a committed run folder whose meta.json carries a probe of these seconds (None:
+    no probe)."""
     import json
 
     copy = tmp_path / "runs" / source.name
     shutil.copytree(source, copy)
     meta = json.loads((copy / "meta.json").read_text())
-    meta["machine_probe"] = {"before": {"decode_s": decode_s, "prompt_s": prompt_s},
-                             "after": {"decode_s": decode_s, "prompt_s": prompt_s},
-                             "shapes": {"decode_kv": 512, "prompt_tokens": 256}}
+    meta.pop("machine_probe", None)
+    if decode_s is not None:
+        meta["machine_probe"] = {"before": {"decode_s": decode_s, "prompt_s": prompt_s},
+                                 "after": {"decode_s": decode_s, "prompt_s": prompt_s},
+                                 "shapes": {"decode_kv": 512, "prompt_tokens": 256}}
     (copy / "meta.json").write_text(json.dumps(meta))
     return copy
 
@@ -98,11 +103,14 @@ def test_validate_puts_predictions_at_the_runs_speed_against_the_calibrations_pr
     assert scaled.predicted_tokens_per_step == plain.predicted_tokens_per_step and scaled.note == ""
     base = rows[("none-c512-b1", "cost model @ probe")]
     assert base.predicted_tok_s == pytest.approx(rows[("none-c512-b1", "cost model")].predicted_tok_s / 1.1)
-    # The committed bundle has no probe: the reference is its price of the probe, and the row says so.
-    priced = [r for r in compare_runs(runs[1:], BUNDLE) if r.prediction.endswith("@ probe")]
+    # A bundle without a probe: the reference is its price of the probe, and the row says so.
+    unprobed = bundle_with_probe(tmp_path, None, None)
+    priced = [r for r in compare_runs(runs[1:], unprobed) if r.prediction.endswith("@ probe")]
     assert len(priced) == 1 and priced[0].note == PRICED_PROBE_NOTE
     # No probe in the run, or no bundle: no prediction at the run's speed.
-    assert not [r for r in compare_runs(read_runs([study / "none-c512-b1"]), BUNDLE) if "@ probe" in r.prediction]
+    bare = read_runs([with_probe(tmp_path / "bare", study / "none-c512-b1", None, None)])
+    assert not [r for r in compare_runs(bare, BUNDLE) if "@ probe" in r.prediction]
+    assert not [r for r in compare_runs(runs, None) if "@ probe" in r.prediction]
 
 
 def test_a_calibration_probe_of_other_shapes_is_not_compared():

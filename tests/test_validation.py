@@ -239,7 +239,7 @@ def test_smoke_study_end_to_end_replays_and_fits(tmp_path):
     out = tmp_path / "smoke"
     docs = tmp_path / "validation.md"
     docs.write_text("before\n<!-- validation:smoke:begin -->\nold\n<!-- validation:smoke:end -->\nafter\n")
-    proc = validate("--study", "smoke", "--text", TEXT, "--out", out, "--docs", docs)
+    proc = validate("--study", "smoke", "--text", TEXT, "--out", out, "--docs", docs, "--probe")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (out / "none-c256-b2" / "steps.parquet").exists() and (out / "ngram-c256-b2" / "steps.parquet").exists()
     first_line = (out / "validation.csv").read_text().splitlines()[0]
@@ -249,13 +249,19 @@ def test_smoke_study_end_to_end_replays_and_fits(tmp_path):
     # Replay commits the recorded tokens step by step: tokens per step is reproduced exactly.
     assert replay.predicted_tokens_per_step == pytest.approx(replay.measured_tokens_per_step)
     assert math.isfinite(replay.predicted_speedup) and replay.measured_speedup > 0
-    assert set(rows.prediction) == {"cost model", "replay"}      # one ngram run: nothing to fit on
+    # One ngram run: nothing to fit on. --probe timed the machine around each run: every prediction
+    # again at the measured speed, against the committed bundle's own probe.
+    assert set(rows.prediction) == {"cost model", "replay", "cost model @ probe", "replay @ probe"}
+    assert all(json.loads((out / name / "meta.json").read_text())["machine_probe"]["after"]["decode_s"] > 0
+               for name in ("none-c256-b2", "ngram-c256-b2"))
+    assert rows[rows.prediction.str.endswith("@ probe")].note.isna().all()
     html = (out / "parity.html").read_text()
     # plotly.js inlined (about 4 MB), no script fetched from the network: works offline.
     assert len(html) > 1_000_000 and not re.search(r"<script[^>]+src=", html)
     text = docs.read_text()
     assert text.startswith("before\n<!-- validation:smoke:begin -->\nReproduce: `python -m sim validate --study smoke")
     assert "| none-c256-b2 |" in text and text.endswith("<!-- validation:smoke:end -->\nafter\n")
+    assert "--probe" in text.splitlines()[2] and "error at the probe's speed" in text
     # Resuming runs nothing again.
     again = validate("--study", "smoke", "--text", TEXT, "--out", out)
     assert again.returncode == 0 and "2 runs already there, 0 run" in again.stdout

@@ -28,6 +28,7 @@ import numpy as np
 
 from sim.errors import ScenarioError
 from sim.live_runs import LiveRun, baselines_by_setting, measured_baseline_tok_s, per_request_steps
+from sim.machine_speed import other_machine_state
 
 SHARES = ("prefill", "target", "draft", "selection", "other")
 # Phases of the simulator and of the live summary, in the SHARES groups.
@@ -294,17 +295,18 @@ def compare_runs(runs: list[LiveRun], calibration: Path | None, progress: bool =
                     disagreement = disagreement_from_runs([r for r in others if r.partial], runs)[0]
                     note = "" if disagreement else "no other SpecPV run: default disagreement"
                 plans.append(("fitted", fitted, disagreement, note))
+        ratios = speeds[run.name]
+        drift = other_machine_state(ratios) if ratios is not None and not ratios["priced"] else None
         for prediction, fitted, disagreement, note in plans:
             guess = predict(run, calibration, prediction, fitted, disagreement)
-            ratios = speeds[run.name]
-            guesses = [(prediction, guess, note)]
+            guesses = [(prediction, guess, "; ".join(n for n in (note, drift) if n))]
             if ratios is not None:
                 # Speedup is over the run's own --baseline (same process) if it has one, else over
                 # its setting's autoregressive run; decode speedup always over the latter (measured).
                 setting_base = baselines.get(run.setting)
                 setting_ratios = speeds.get(setting_base.name) if setting_base is not None else None
                 base_ratios = ratios if run.summary.get("baseline_throughput_tok_s") else setting_ratios
-                notes = [note] + [PRICED_PROBE_NOTE] * ratios["priced"]
+                notes = [note, drift] + [PRICED_PROBE_NOTE] * ratios["priced"]
                 if run.speculative and base_ratios is None:
                     notes.append("baseline without a probe: taken at the run's speed")
                 guesses.append((f"{prediction} {AT_PROBE}",

@@ -101,6 +101,11 @@ def test_validate_puts_predictions_at_the_runs_speed_against_the_calibrations_pr
     assert scaled.predicted_tok_s == pytest.approx(plain.predicted_tok_s / 1.25)
     assert scaled.predicted_speedup == pytest.approx(plain.predicted_speedup * 1.1 / 1.25)
     assert scaled.predicted_tokens_per_step == plain.predicted_tokens_per_step and scaled.note == ""
+    assert plain.note == ""                  # 1.25x: within one machine's drift
+    # A run whose probe reads 1.5x the calibration's ran on another machine state: said on its rows.
+    other = read_runs([with_probe(tmp_path / "other", study / "none-c512-b1", 0.09, 0.75)])
+    noted = compare_runs(other, bundle_with_probe(tmp_path / "other", 0.06, 0.5))
+    assert all("1.50x (decode) and 1.50x (prompt) the calibration's" in r.note for r in noted)
     base = rows[("none-c512-b1", "cost model @ probe")]
     assert base.predicted_tok_s == pytest.approx(rows[("none-c512-b1", "cost model")].predicted_tok_s / 1.1)
     # A bundle without a probe: the reference is its price of the probe, and the row says so.

@@ -255,7 +255,7 @@ def test_smoke_study_end_to_end_replays_and_fits(tmp_path):
     assert all(json.loads((out / name / "meta.json").read_text())["machine_probe"]["after"]["decode_s"] > 0
                for name in ("none-c256-b2", "ngram-c256-b2"))
     # Against the bundle's own probe, not its price of the probe forwards.
-    assert not rows.note.fillna("").str.contains("price of the probe").any()
+    assert not rows.note.dropna().astype(str).str.contains("price of the probe").any()
     html = (out / "parity.html").read_text()
     # plotly.js inlined (about 4 MB), no script fetched from the network: works offline.
     assert len(html) > 1_000_000 and not re.search(r"<script[^>]+src=", html)

@@ -269,7 +269,7 @@ def measured(run: LiveRun, baselines: dict) -> dict:
 
 def compare_runs(runs: list[LiveRun], calibration: Path | None, progress: bool = False) -> list[Comparison]:
     """Every run predicted (replay and fitted for speculative runs) against its measurement."""
-    from sim.fit_acceptance import disagreement_from_runs, fit_drafter
+    from sim.fit_acceptance import acceptance_runs, disagreement_from_runs, fit_drafter
 
     baselines = baselines_by_setting(runs)
     speeds = {run.name: run_speed(run, calibration) for run in runs}
@@ -289,7 +289,7 @@ def compare_runs(runs: list[LiveRun], calibration: Path | None, progress: bool =
             plans = [("replay", None, None, "")]
             peers = [r for r in others if r.drafter == run.drafter and len(r.steps)]
             if peers:
-                fitted = fit_drafter(peers)["acceptance"]
+                fitted = fit_drafter(acceptance_runs(peers))["acceptance"]
                 disagreement, note = None, ""
                 if run.partial:
                     disagreement = disagreement_from_runs([r for r in others if r.partial], runs)[0]

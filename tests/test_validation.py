@@ -91,6 +91,18 @@ def test_fitted_rates_recover_a_geometric_drafter(tmp_path):
     assert fit["context_slope"] == 0.0              # no request beyond 1,024 tokens
 
 
+def test_acceptance_is_fitted_on_full_verification_runs_where_there_are_any(tmp_path):
+    from sim.fit_acceptance import acceptance_runs, fit_drafters
+
+    rng = np.random.default_rng(0)
+    plain = synthetic_run(tmp_path, "plain", [geometric(rng, 0.6, 4, 2000)])
+    # A SpecPV run of the same drafter accepts less: partial attention disagrees with full.
+    partial = synthetic_run(tmp_path, "partial", [geometric(rng, 0.3, 4, 2000)], extra={"budget": 256})
+    assert acceptance_runs([plain, partial]) == [plain] and acceptance_runs([partial]) == [partial]
+    (fit,) = fit_drafters([plain, partial]).values()          # one drafter
+    assert fit["acceptance"]["per_position"] == pytest.approx([0.6] * 4, abs=0.05)
+
+
 def test_request_spread_and_context_slope_are_seen(tmp_path):
     rng = np.random.default_rng(1)
     mixed = synthetic_run(tmp_path, "m", [geometric(rng, r, 4, 2000) for r in (0.3, 0.5, 0.7, 0.9)])

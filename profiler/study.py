@@ -99,11 +99,11 @@ def parse_runs(study: dict, text: Path | None, out: Path, only: list[str] | None
         unknown = sorted(set(only) - {r["name"] for r in runs})
         if unknown:
             raise ScenarioError("--only", f"the study has no run {unknown[0]}")
+    defaults = {**(study.get("defaults") or {}), **({"probe": True} if probe else {})}
     parsed = []
     for run in runs:
         parser = StudyRunParser(prog=f"study run {run['name']}")
         add_live_arguments(parser)
-        defaults = {**(study.get("defaults") or {}), **({"probe": True} if probe else {})}
         args = parser.parse_args(live_argv(run, defaults, text, out / run["name"]))
         if not args.out.exists():
             check_arguments(args)
@@ -126,7 +126,7 @@ def study_command(args) -> int:
     if args.repeat < 1:
         raise ScenarioError("--repeat", f"must be >= 1 (got {args.repeat})")
     out = repeat_folder(args.out, args.repeat)
-    runs = parse_runs(study, args.text, out, args.only, getattr(args, "probe", False))
+    runs = parse_runs(study, args.text, out, args.only, args.probe)
     if args.repeat % 2 == 0:
         runs = runs[::-1]
     record_path = out / "study.json"

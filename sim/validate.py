@@ -36,7 +36,9 @@ SIM_PHASES = {"prefill": ("prefill",), "target": ("decode", "verify", "partial_v
               "draft": ("draft",), "selection": ("selection",), "other": ("overhead", "transfer")}
 LIVE_PHASES = {"prefill": ("prefill",), "target": ("verify", "partial", "full", "mixed"), "draft": ("draft",),
                "selection": ("selection",), "other": ("other",)}
-# The suffix of a prediction put at the run's measured machine speed (`at_run_speed`).
+# The predictions of a run, in report order; each again with this suffix when put at the run's
+# measured machine speed (`at_run_speed`).
+PREDICTIONS = ("cost model", "replay", "fitted")
 AT_PROBE = "@ probe"
 METRICS = ("tok_s", "speedup", "decode_speedup", "tpot_ms", "tokens_per_step")
 # A fitted acceptance model is a distribution: its prediction is the mean over this many seeded
@@ -406,8 +408,7 @@ def aggregate(rows: list[Comparison]) -> list[dict]:
     """Median, P90 and worst |error| per prediction and metric; then the repeats' own
     (`repeatability`) where runs were repeated."""
     out = []
-    plain = ("cost model", "replay", "fitted")
-    for prediction in (*plain, *(f"{p} {AT_PROBE}" for p in plain)):
+    for prediction in (*PREDICTIONS, *(f"{p} {AT_PROBE}" for p in PREDICTIONS)):
         mine = [r for r in rows if r.prediction == prediction]
         if not mine:
             continue

@@ -123,7 +123,7 @@ def update_docs(path: Path, study: dict, rows, args, calibration) -> None:
 
 
 def markdown_tables(rows, command: str) -> str:
-    from sim.validate import AT_PROBE, aggregate
+    from sim.validate import AT_PROBE, PREDICTIONS, aggregate
 
     pct = lambda x: "" if x is None else f"{x:+.1%}"
     by_run: dict[str, dict] = {}
@@ -138,11 +138,11 @@ def markdown_tables(rows, command: str) -> str:
              f"|---|---|---|---|---|---|---|---|{probe_rule}---|---|---|---|---|"]
     for name, preds in by_run.items():
         first = next(iter(preds.values()))
-        order = [preds.get(p) for p in ("cost model", "replay", "fitted") if p in preds]
+        order = [preds[p] for p in PREDICTIONS if p in preds]
         tok = " / ".join(f"{r.predicted_tok_s:.2f}" for r in order)
         tok_err = " / ".join(pct(r.error("tok_s")) for r in order)
         if probed:
-            at_probe = [preds[f"{p} {AT_PROBE}"] for p in ("cost model", "replay", "fitted") if f"{p} {AT_PROBE}" in preds]
+            at_probe = [preds[f"{p} {AT_PROBE}"] for p in PREDICTIONS if f"{p} {AT_PROBE}" in preds]
             tok_err += " | " + " / ".join(pct(r.error("tok_s")) for r in at_probe)
         if first.measured_speedup is not None:
             speed = " / ".join(f"{r.predicted_speedup:.3f}" for r in order)

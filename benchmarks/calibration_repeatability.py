@@ -7,7 +7,8 @@ measurements; both are timings, so it can be no smaller than the difference betw
 of the same point. For each bundle: its held-out error recomputed with this checkout's tables
 (`profiler.calibrate.held_out_error`) and, where it stores every timing round (`round_seconds`),
 the held-out error each way of reducing the rounds to one time would give (the median or the best
-of the first n rounds) and how well the first half of the rounds repeats the second half under
+of n rounds, over every choice of n of the stored rounds: any one choice is one draw, and the
+first three of the 5-round bundle happen to be its best) and how well the first half of the rounds repeats the second half under
 each. For each pair of bundles of the same model, dtype and device: the median |B / A - 1| over
 the points they share (grid and held-out), overall and per operator. Only reads the bundles.
 """
@@ -43,12 +44,15 @@ def print_estimators(folder: Path, meta: dict, frame) -> None:
         return
     table = np.stack([r[:count] for r in rounds])
     print(f"\n{folder}: {count} rounds stored; held-out error (median over {int(frame.held_out.sum())} points) "
-          f"by how the rounds become one time:")
-    for n in range(2, count + 1):
+          f"by how n rounds become one time, mean [range] over every choice of n of them:")
+    for n in range(1, count + 1):
         cells = []
         for name, reduce in (("median", np.median), ("best", np.min)):
-            held = held_out_error(frame.assign(seconds=reduce(table[:, :n], axis=1)), grid, [])
-            cells.append(f"{name} of {n} {held['median_abs_error']:.1%}")
+            if n == 1 and name == "best":
+                continue
+            errors = [held_out_error(frame.assign(seconds=reduce(table[:, list(chosen)], axis=1)), grid, [])
+                      ["median_abs_error"] for chosen in itertools.combinations(range(count), n)]
+            cells.append(f"{name} of {n} {np.mean(errors):.1%} [{min(errors):.1%}-{max(errors):.1%}]")
         print("  " + ", ".join(cells))
     half = count // 2
     for name, reduce in (("median", np.median), ("best", np.min)):

@@ -158,6 +158,29 @@ def with_selection_factor(tmp_path: Path, factor) -> Path:
     return bundle
 
 
+def test_forward_factor_is_the_measured_ratios_interpolated_between_their_shapes(tmp_path):
+    bundle = copy_bundle(tmp_path)
+    meta = json.loads((bundle / "meta.json").read_text())
+    # A bump at three tokens, as the CPU bundles measure: a smooth surface through the shapes would
+    # move it onto the one- and four-token forwards.
+    meta["fits"]["forward_factor"] = {"tokens": [1, 3, 4], "kv": [256, 4096],
+                                      "factor": [[1.05, 1.10], [1.40, 1.30], [1.02, 1.00]]}
+    (bundle / "meta.json").write_text(json.dumps(meta))
+    factor = load_bundle(bundle).forward_factor()
+    assert factor(1, 256) == pytest.approx(1.05) and factor(3, 4096) == pytest.approx(1.30)
+    assert factor(4, 256) == pytest.approx(1.02)
+    # Between shapes: log-linear in both; outside: held at the nearest shape.
+    assert factor(1, 1024) == pytest.approx(math.sqrt(1.05 * 1.10))
+    assert 1.02 < factor(2, 256) < 1.40 and factor(64, 256) == pytest.approx(1.02)
+    assert factor(1, 64) == pytest.approx(1.05) and factor(4, 16384) == pytest.approx(1.00)
+    # The cost model multiplies a decode forward by it.
+    from sim.cost.calibrated import cost_model_for
+    from sim.scenario import load_scenario
+
+    scenario = load_scenario(smollm2_scenario(calibration=str(bundle)))
+    assert cost_model_for(scenario).forward_factor(1, 256) == pytest.approx(1.05)
+
+
 def test_selection_is_priced_by_its_own_factor_measured_in_forwards(tmp_path):
     from sim.cost.batch import PHASES
     from sim.cost.calibrated import cost_model_for

@@ -50,23 +50,22 @@ class Bundle:
     fits: dict = field(default_factory=dict)
 
     def forward_factor(self) -> OperatorTable | None:
-        """Whole forwards measured / composed from operators, against query tokens and mean KV:
-        the plane a + b log2(tokens) + c log2(kv) fitted to the measured ratios by least squares.
+        """Whole forwards measured / composed from operators, against query tokens and mean KV: the
+        measured ratios, interpolated in log space between their shapes like any operator table and
+        held outside them.
 
-        Each ratio comes from a few whole forwards of 0.05-1 s on a shared machine, so one shape's
-        ratio moves by 20-40% from one calibration to the next (at one token and 256 KV tokens, 1.07
-        to 1.39 across six CPU bundles of 2026-11-30; 1.00 to 1.52 between the shapes of one)
-        while the plane through all 42 shapes moves less; the measured ratios stay in the bundle
-        as they are."""
+        Not a smooth surface through them: the ratio has structure a plane in log tokens and log KV
+        misses (about 1.07 at one token, 1.26-1.40 at three, 1.13-1.30 at 12-64 tokens over short
+        caches, 1.04-1.11 for prompts, in the bundle of 2026-12-01 01:59), and the plane that was
+        fitted to it read 1.18 at one token, which priced batch-1 decoding 4-8% slow in every run
+        of that day. The measured table against the plane on that day's live runs: autoregressive
+        runs of the validation study 0.9% against 4.1% (median), its replayed speculative runs 1.7%
+        against 3.9% in throughput and 2.2% against 3.5% in speedup (docs/validation.md)."""
         fit = self.factor_fit("forward_factor", ("tokens", "kv"))
         if fit is None:
             return None
-        (tokens, kv), measured = fit
-        x, y = np.meshgrid(np.log2(tokens), np.log2(kv), indexing="ij")
-        design = np.stack([np.ones(x.size), x.ravel(), y.ravel()], axis=1)
-        coef, *_ = np.linalg.lstsq(design, measured.ravel(), rcond=None)
-        plane = np.maximum((design @ coef).reshape(measured.shape), 1e-3)
-        return OperatorTable("forward_factor", ("tokens", "kv"), [tokens, kv], plane, power_above=0.0)
+        axes, measured = fit
+        return OperatorTable("forward_factor", ("tokens", "kv"), axes, measured, power_above=0.0)
 
     def selection_factor(self) -> OperatorTable | None:
         """SpecPV's selection timed inside partial-verification forwards / the selection table, against

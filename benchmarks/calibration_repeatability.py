@@ -7,10 +7,11 @@ measurements; both are timings, so it can be no smaller than the difference betw
 of the same point. For each bundle: its held-out error recomputed with this checkout's tables
 (`profiler.calibrate.held_out_error`) and, where it stores every timing round (`round_seconds`),
 the held-out error each way of reducing the rounds to one time would give (the median or the best
-of n rounds, over every choice of n of the stored rounds: any one choice is one draw, and the
-first three of the 5-round bundle happen to be its best) and how well the first half of the rounds repeats the second half under
-each. For each pair of bundles of the same model, dtype and device: the median |B / A - 1| over
-the points they share (grid and held-out), overall and per operator. Only reads the bundles.
+of n rounds, averaged over every choice of n of the stored rounds: any one choice is one draw,
+and the first three of the 5-round bundle happen to be its best) and how well the first half of
+the rounds repeats the second half under each. For each pair of bundles of the same model, dtype
+and device: the median |B / A - 1| over the points they share (grid and held-out), overall and
+per operator. Only reads the bundles.
 """
 from __future__ import annotations
 

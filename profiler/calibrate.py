@@ -9,15 +9,16 @@ calibration bundle (DIR/profile.parquet + DIR/meta.json) for the simulator's cal
    machine changes speed for seconds to minutes at a time (on the CI VM, calibrations hours apart
    differ in level by up to 7% and point by point by about 10%),
    and interleaving spreads those states over the grid. The median, not the best round: on the
-   VM of 2026-12-01 the best of 3 rounds gives the lower held-out error (3.4% against 5.5% in one
-   bundle) but a bundle built from the best rounds predicts that day's live runs worse (its six
-   autoregressive study runs 4.6% against 0.9%, median): whole forwards run at the machine's usual
-   state, and the whole-forward factor cannot carry a level that differs operator by operator.
-   More rounds do not lower the error there (1, 2, 3 rounds: 5.9%, 5.4%, 5.5% on average over the
-   choices of rounds); on the slower VM of 2026-11-30, 3 of 5 rounds gave 9.9% (7.8-12.5% by
-   which 3) and all 5 7.8%, in 953 s (`benchmarks/calibration_repeatability.py`). Two
-   calibrations of one machine time the same point 3.6% apart (median; 8.2-13.3% on 2026-11-30),
-   the floor under any held-out error.
+   VM of 2026-12-01 the best of 3 rounds gives a lower held-out error in one bundle of three
+   (3.4% against 5.5%; 3.2% and 3.0% against 3.2% in the other two), but that bundle built from
+   its best rounds predicts the day's live runs worse (the validation study's six autoregressive
+   runs 4.6% against 0.9%, median): whole forwards run at the machine's usual state, and the
+   whole-forward factor cannot carry a level that differs operator by operator. Rounds help
+   there: the median of 1, 2 and 3 rounds gives 5.1%, 4.7% and 3.2% in the committed bundle
+   (averaged over the choices of rounds; 5.9%, 5.4%, 5.5% in the 01:59 one); on the slower VM of
+   2026-11-30, 3 of 5 rounds gave 9.9% (7.8-12.5% by which 3) and all 5 7.8%, in 953 s
+   (`benchmarks/calibration_repeatability.py`). Two calibrations of one machine time the same
+   point 2.0-3.6% apart (median; 8.2-13.3% on 2026-11-30), the floor under any held-out error.
 2. Whole forwards against the composed operators: the factor measured / composed against the
    forward's query tokens and KV tokens (decode batches 1-16 and verification at KV 256, 1024 and
    4096; prompts), which the cost model multiplies every forward by. SpecPV's block selection

@@ -55,12 +55,15 @@ class Bundle:
         held outside them.
 
         Not a smooth surface through them: the ratio has structure a plane in log tokens and log KV
-        misses (about 1.07 at one token, 1.26-1.40 at three, 1.13-1.30 at 12-64 tokens over short
-        caches, 1.04-1.11 for prompts, in the bundle of 2026-12-01 01:59), and the plane that was
-        fitted to it read 1.18 at one token, which priced batch-1 decoding 4-8% slow in every run
-        of that day. The measured table against the plane on that day's live runs: autoregressive
-        runs of the validation study 0.9% against 4.1% (median), its replayed speculative runs 1.7%
-        against 3.9% in throughput and 2.2% against 3.5% in speedup (docs/validation.md)."""
+        misses (about 1.07-1.10 at one token, 1.26-1.50 at three, up to 1.32 at 12-64 tokens over
+        short caches, 1.03-1.12 for prompts, in the three bundles of 2026-12-01), and the plane that
+        was fitted to it read 1.15-1.23 at one token, which priced chat prompts at batch 1 4-10% slow
+        in every pairing of those bundles with that day's three sets of autoregressive runs (within
+        2.6% with the table). Over the nine pairings of the bundles with the day's three validation
+        studies, the table against the plane (median of the nine medians): autoregressive runs 2.2%
+        against 3.1%, replayed speculative runs 3.1% against 3.5% in throughput and 2.7% against
+        3.2% in speedup; one bundle of the three does better with the plane on the two studies it
+        did not precede (docs/validation.md)."""
         fit = self.factor_fit("forward_factor", ("tokens", "kv"))
         if fit is None:
             return None

@@ -103,3 +103,32 @@ def test_autoregressive_check_measures_each_setting_by_its_median_repeat(capsys)
     assert "chat-b1        measured   20.00 tok/s over 3 repeats, predicted   21.00, error +5.0%" in out
     assert "context512-b1  measured   10.00 tok/s over 2 repeats, predicted    9.00, error -10.0%" in out
     assert "cost model, batch 1, median of repeats: median |error| 7.5%, worst 10.0% over 2 settings" in out
+
+
+def test_forward_factor_forms_predicts_each_setting_with_both_forms():
+    proc = subprocess.run([sys.executable, "benchmarks/forward_factor_forms.py", "--bundles",
+                           "calibration/cpu/smollm2-135m", "--ar", "validation/ar-cpu"],
+                          cwd=REPO, capture_output=True, text=True, check=True)
+    line = proc.stdout.strip()
+    assert line.startswith("calibration/cpu/smollm2-135m | validation/ar-cpu | ")
+    cells = dict(cell.split(" ", 1) for cell in line.split(" | ")[2:])
+    assert set(cells) == {"chat-b1", "chat-b8", "context512-b1", "context512-b8"}
+    plane, table = (float(x.rstrip("%")) for x in cells["chat-b1"].split(" -> "))
+    # The plane's bias at one token: chat prompts at batch 1 priced slow, the measured table not.
+    assert plane < table and abs(table) < abs(plane)
+    bad = subprocess.run([sys.executable, "benchmarks/forward_factor_forms.py", "--bundles", "no/such/bundle"],
+                         cwd=REPO, capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: no such folder: no/such/bundle"
+
+
+def test_decode_forward_level_times_bursts_against_a_decoding_run():
+    pytest.importorskip("torch")
+    proc = subprocess.run([sys.executable, "benchmarks/decode_forward_level.py", "--batch", "2", "--kv", "48",
+                           "--new-tokens", "4", "--rounds", "1"],
+                          cwd=REPO, capture_output=True, text=True, check=True)
+    rows = [line.split(" | ") for line in proc.stdout.splitlines() if line.startswith("2 | 1 | ")]
+    assert len(rows) == 1 and float(rows[0][2]) > 0 and float(rows[0][3]) > 0
+    assert "batch 2: run / burst median" in proc.stdout
+    bad = subprocess.run([sys.executable, "benchmarks/decode_forward_level.py", "--rounds", "0"],
+                         cwd=REPO, capture_output=True, text=True)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1

@@ -74,7 +74,38 @@ def main() -> int:
                 print(f"{prediction}, batch {batch}: median |error| {statistics.median(errors):.1%}, "
                       f"worst {max(errors):.1%} over {len(errors)} runs")
         print_median_of_repeats(rows)
+        print_decode_forwards([r for _, r in runs], args.bundle)
     return 0
+
+
+def print_decode_forwards(run_dirs: list[Path], bundle: Path) -> None:
+    """Per setting, the live engine's decode forward (each run's median over its decoding steps,
+    then the median and range over the repeats) at the setting's median KV, against the bundle's
+    price of that forward: where a throughput error comes from, step by step."""
+    import pandas as pd
+
+    from profiler.engine_fits import predicted_forward
+    from sim.cost.calibrated import cost_model_for
+    from sim.cost.stack import build_stacks
+    from sim.scenario import load_scenario
+
+    scenario = load_scenario({"hardware": "cpu", "model": "smollm2-135m", "dtype": "fp32",
+                              "calibration": str(bundle)})
+    cost, target = cost_model_for(scenario), build_stacks(scenario).target
+    by_setting: dict[str, list[tuple[float, float]]] = {}
+    for run in run_dirs:
+        steps = pd.read_parquet(run / "steps.parquet")
+        per_step = steps[steps.step > 0].groupby("step").agg(seconds=("verify_s", "first"), kv=("kv_tokens", "max"))
+        by_setting.setdefault(run.name.rsplit("-r", 1)[0], []).append(
+            (float(per_step.seconds.median()), float(per_step.kv.median())))
+    print("\ndecode forwards, live (median of each run's steps) against the bundle's price:")
+    for setting, values in sorted(by_setting.items()):
+        batch = int(setting.rsplit("-b", 1)[1])
+        seconds = [v[0] for v in values]
+        kv = statistics.median(v[1] for v in values)
+        priced = predicted_forward(cost, target, batch, 1, kv)
+        print(f"  {setting:<14} about {kv:5.0f} KV tokens: live {statistics.median(seconds) * 1e3:6.1f} ms "
+              f"(runs {min(seconds) * 1e3:.1f}-{max(seconds) * 1e3:.1f}), priced {priced * 1e3:6.1f} ms")
 
 
 def print_median_of_repeats(rows: list[dict]) -> None:

@@ -104,6 +104,16 @@ def test_autoregressive_check_measures_each_setting_by_its_median_repeat(capsys)
     assert "context512-b1  measured   10.00 tok/s over 2 repeats, predicted    9.00, error -10.0%" in out
     assert "cost model, batch 1, median of repeats: median |error| 7.5%, worst 10.0% over 2 settings" in out
 
+    # Each setting's live decode forward (steps.parquet) against the bundle's price of the same shape.
+    pytest.importorskip("torch")
+    runs = sorted((REPO / "validation" / "ar-cpu").glob("chat-b*-r[01]"))
+    module.print_decode_forwards(runs, REPO / "calibration" / "cpu" / "smollm2-135m")
+    lines = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip().startswith("chat-b")]
+    assert [line[0] for line in lines] == ["chat-b1", "chat-b8"]
+    for line in lines:
+        live, priced = float(line[line.index("live") + 1]), float(line[line.index("priced") + 1])
+        assert 20 < live < 200 and 20 < priced < 200     # ms: a SmolLM2 decode forward on this CPU class
+
 
 def test_forward_factor_forms_predicts_each_setting_with_both_forms():
     proc = subprocess.run([sys.executable, "benchmarks/forward_factor_forms.py", "--bundles",

@@ -57,9 +57,9 @@ class Bundle:
         Not a smooth surface through them: the ratio has structure a plane in log tokens and log KV
         misses (about 1.07-1.10 at one token, 1.26-1.50 at three, up to 1.32 at 12-64 tokens over
         short caches, 1.03-1.12 for prompts, in the three bundles of 2026-12-01), and the plane that
-        was fitted to it read 1.15-1.23 at one token, which priced chat prompts at batch 1 4-10% slow
-        in every pairing of those bundles with that day's three sets of autoregressive runs (within
-        2.6% with the table). Over the nine pairings of the bundles with the day's three validation
+        was fitted to it read 1.15-1.23 at one token, which priced chat prompts at batch 1 4-15% slow
+        in every pairing of those bundles with that day's four sets of autoregressive runs (within
+        4.0% with the table). Over the nine pairings of the bundles with the day's three validation
         studies, the table against the plane (median of the nine medians): autoregressive runs 2.2%
         against 3.1%, replayed speculative runs 3.1% against 3.5% in throughput and 2.7% against
         3.2% in speedup; one bundle of the three does better with the plane on the two studies it

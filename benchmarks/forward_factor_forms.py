@@ -22,6 +22,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from sim.cost.bundle import Bundle  # noqa: E402  (after the path: run as a script from anywhere)
+
+# The cost model's own form, kept before `use_form` swaps it.
+MEASURED_FACTOR = Bundle.forward_factor
+
 
 def plane_through(bundle):
     """The least-squares plane in (log2 tokens, log2 KV) through the bundle's measured ratios."""
@@ -44,10 +49,7 @@ def use_form(form: str) -> None:
     """Make every bundle loaded from now on price forwards with `form` ("table" or "plane")."""
     import sim.cost.bundle as bundle_module
 
-    if not hasattr(bundle_module.Bundle, "_measured_factor"):
-        bundle_module.Bundle._measured_factor = bundle_module.Bundle.forward_factor
-    bundle_module.Bundle.forward_factor = (bundle_module.Bundle._measured_factor if form == "table"
-                                           else plane_through)
+    bundle_module.Bundle.forward_factor = MEASURED_FACTOR if form == "table" else plane_through
     bundle_module._load.cache_clear()
 
 
@@ -93,21 +95,18 @@ def main() -> int:
             print(f"error: no such folder: {folder}", file=sys.stderr)
             return 2
     runs = {folder: read_runs(run_folders(folder)) for folder in [*args.studies, *args.ar]}
+    # A study's cells are median |error|; an AR check's are each setting's signed error.
+    jobs = [(folder, study_errors, "{:.1%}") for folder in args.studies] + \
+           [(folder, ar_errors, "{:+.1%}") for folder in args.ar]
     for bundle in args.bundles:
-        for folder in args.studies:
+        for folder, errors_of, percent in jobs:
             cells = {}
             for form in ("plane", "table"):
                 use_form(form)
-                cells[form] = study_errors(compare_runs(runs[folder], bundle))
+                cells[form] = errors_of(compare_runs(runs[folder], bundle))
             print(f"{bundle} | {folder} | " + " | ".join(
-                f"{name} {cells['plane'][name]:.1%} -> {cells['table'][name]:.1%}" for name in cells["table"]))
-        for folder in args.ar:
-            cells = {}
-            for form in ("plane", "table"):
-                use_form(form)
-                cells[form] = ar_errors(compare_runs(runs[folder], bundle))
-            print(f"{bundle} | {folder} | " + " | ".join(
-                f"{name} {cells['plane'][name]:+.1%} -> {cells['table'][name]:+.1%}" for name in cells["table"]))
+                f"{name} {percent.format(cells['plane'][name])} -> {percent.format(cells['table'][name])}"
+                for name in cells["table"]))
     use_form("table")
     return 0
 

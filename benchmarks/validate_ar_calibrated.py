@@ -79,9 +79,11 @@ def main() -> int:
 
 
 def print_decode_forwards(run_dirs: list[Path], bundle: Path) -> None:
-    """Per setting, the live engine's decode forward (each run's median over its decoding steps,
-    then the median and range over the repeats) at the setting's median KV, against the bundle's
-    price of that forward: where a throughput error comes from, step by step."""
+    """Per setting and per batch size alive, the live engine's decode forward (each run's median
+    over those steps, then the median and range over the repeats) at their median KV, against the
+    bundle's price of that forward: where a throughput error comes from, step by step. A static
+    batch shrinks as its requests finish (the chat prompts' batch of 8 decodes its last 41 steps
+    at batch 3), and on this CPU a forward at batch 3 or 6 can cost more than one at batch 8."""
     import pandas as pd
 
     from profiler.engine_fits import predicted_forward
@@ -92,19 +94,23 @@ def print_decode_forwards(run_dirs: list[Path], bundle: Path) -> None:
     scenario = load_scenario({"hardware": "cpu", "model": "smollm2-135m", "dtype": "fp32",
                               "calibration": str(bundle)})
     cost, target = cost_model_for(scenario), build_stacks(scenario).target
-    by_setting: dict[str, list[tuple[float, float]]] = {}
+    by_phase: dict[tuple[str, int], list[tuple[float, float, int]]] = {}
     for run in run_dirs:
         steps = pd.read_parquet(run / "steps.parquet")
-        per_step = steps[steps.step > 0].groupby("step").agg(seconds=("verify_s", "first"), kv=("kv_tokens", "max"))
-        by_setting.setdefault(run.name.rsplit("-r", 1)[0], []).append(
-            (float(per_step.seconds.median()), float(per_step.kv.median())))
-    print("\ndecode forwards, live (median of each run's steps) against the bundle's price:")
-    for setting, values in sorted(by_setting.items()):
-        batch = int(setting.rsplit("-b", 1)[1])
+        steps = steps[steps.step > 0].assign(batch=lambda s: s.request // int(run.name.rsplit("-b", 1)[1].split("-")[0]))
+        # A static batch's requests share each step's forward: one row per request in it.
+        per_step = steps.groupby(["batch", "step"]).agg(seconds=("verify_s", "first"), kv=("kv_tokens", "max"),
+                                                        alive=("kv_tokens", "size"))
+        for alive, phase in per_step.groupby("alive"):
+            by_phase.setdefault((run.name.rsplit("-r", 1)[0], int(alive)), []).append(
+                (float(phase.seconds.median()), float(phase.kv.median()), len(phase)))
+    print("\ndecode forwards, live (median of each run's steps at that batch) against the bundle's price:")
+    for (setting, alive), values in sorted(by_phase.items(), key=lambda item: (item[0][0], -item[0][1])):
         seconds = [v[0] for v in values]
         kv = statistics.median(v[1] for v in values)
-        priced = predicted_forward(cost, target, batch, 1, kv)
-        print(f"  {setting:<14} about {kv:5.0f} KV tokens: live {statistics.median(seconds) * 1e3:6.1f} ms "
+        priced = predicted_forward(cost, target, alive, 1, kv)
+        print(f"  {setting:<14} batch {alive:>2}, {statistics.median(v[2] for v in values):3.0f} steps, about "
+              f"{kv:5.0f} KV tokens: live {statistics.median(seconds) * 1e3:6.1f} ms "
               f"(runs {min(seconds) * 1e3:.1f}-{max(seconds) * 1e3:.1f}), priced {priced * 1e3:6.1f} ms")
 
 

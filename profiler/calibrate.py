@@ -29,7 +29,9 @@ calibration bundle (DIR/profile.parquet + DIR/meta.json) for the simulator's cal
    A round of these follows each round of operators, and each is the median of its rounds: the
    operators' median rounds give each term's shape, whole forwards over the same minutes give the
    level the engine meets on this machine in its usual state (profiler/engine_fits.py;
-   `--refit BUNDLE` redoes only this step, its rounds back to back).
+   `--refit BUNDLE` redoes only this step, its rounds back to back). The decode forwards, whose
+   level moves most from one burst to the next, are also timed twice more within each round of
+   operators, so their median is over three bursts a round instead of one.
 3. Held-out error: each held-out point against the tables' interpolation, and whole forwards at
    off-grid shapes against the composed prediction; median, P90 and worst go in meta.json.
 """
@@ -46,6 +48,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from profiler.engine_fits import DECODE_BURSTS_WITHIN_ROUND
 from sim.errors import ScenarioError
 
 # Axes per operator. Full: geometric steps of at most 2 (1.5 at small token counts, where the
@@ -260,11 +263,15 @@ def calibrate_command(args) -> int:
     if args.refit is not None:
         for _ in tqdm(range(rounds), desc="engine rounds", unit="round"):
             probe.measure_round()
+            for _ in range(DECODE_BURSTS_WITHIN_ROUND):
+                probe.measure_decode_burst()
     else:
         rng = np.random.default_rng(args.seed)
         held = held_out_points(grid, rng, per_op=3 if args.quick else 6)
         frame = measure_operators(config, dtype, device, grid, held, rounds, args.seed,
-                                  after_round=probe.measure_round if probe is not None else None)
+                                  after_round=probe.measure_round if probe is not None else None,
+                                  within_round=probe.measure_decode_burst if probe is not None else None,
+                                  within_round_calls=DECODE_BURSTS_WITHIN_ROUND)
         meta = bundle_meta(args, config, model_name, dtype_name, device, device_name, grid, rounds)
     fits, forward_checks = {}, []
     if probe is not None:
@@ -312,10 +319,12 @@ def reuse_operators(bundle_dir: Path, config, dtype_name: str, device_name: str)
     return frame, meta
 
 
-def measure_operators(config, dtype, device, grid, held, rounds, seed, after_round=None):
+def measure_operators(config, dtype, device, grid, held, rounds, seed, after_round=None, within_round=None,
+                      within_round_calls: int = 0):
     """Time every grid and held-out point `rounds` times in shuffled order, calling `after_round()`
-    after each round (the engine's whole forwards); one row per point: the median round
-    (`seconds`), every round (`round_seconds`) and their range over the median (`spread`)."""
+    after each round (the engine's whole forwards) and `within_round()` `within_round_calls` times
+    evenly spaced through it (more bursts of the decode forwards); one row per point: the median
+    round (`seconds`), every round (`round_seconds`) and their range over the median (`spread`)."""
     import numpy as np
     import pandas as pd
     import torch
@@ -341,7 +350,14 @@ def measure_operators(config, dtype, device, grid, held, rounds, seed, after_rou
     with torch.inference_mode(), tqdm(total=len(unique) * rounds, desc="calibrate", unit="point") as bar:
         for r in range(rounds):
             order = rng.permutation(len(unique))
-            for i in order:
+            # Positions in the round after which within_round() runs: 1/(n+1), 2/(n+1)... of it.
+            within_at = {len(unique) * (k + 1) // (within_round_calls + 1) for k in range(within_round_calls)} \
+                if within_round is not None else set()
+            for position, i in enumerate(order):
+                if position in within_at:
+                    bar.set_postfix_str(f"decode forwards, round {r + 1}")
+                    within_round()
+                    bar.set_postfix_str("")
                 op, point, _ = key = unique[i]
                 bench = Bench(config, dtype, device, torch.Generator().manual_seed(seed * 100003 + int(i)), pool,
                               int(rng.integers(pool.numel())) if pool is not None else 0)

@@ -19,8 +19,16 @@ steps and fitted against a bundle's operator tables (`profiler calibrate`, step 
 `EngineProbe` measures one round of everything at a time; calibrate runs a round after each round
 of operator timing, so whole forwards and operators are timed over the same minutes and their ratio
 is not one spell of this machine's (whole forwards timed in one two-minute block after the operators
-read 5-15% slower than the operators' median state in one calibration). `--refit` runs the rounds
-back to back. Every fit goes in meta.json's "fits"; sim/cost/bundle.py reads them.
+read 5-15% slower than the operators' median state in one calibration). The decode forwards (the
+factor's rows of at most 16 tokens, what autoregressive decoding pays) are also timed in
+DECODE_BURSTS_WITHIN_ROUND more bursts spread through each round of operators
+(`measure_decode_burst`): on this CPU the level of a batch-8 decode forward moves by up to 14%
+between bursts seconds apart (benchmarks/decode_forward_level.py), and the median of one burst a
+round lands 1.8-2.5% from the median of three a round (median over the decode shapes, up to 11%
+at one shape; benchmarks/decode_burst_sampling.py, on the two bundles made this way). About 20 s
+a burst here, 2 minutes a calibration. `--refit` runs the rounds back to back, each with its
+extra bursts. Every fit goes in meta.json's "fits" (the decode bursts too, `bursts_s`);
+sim/cost/bundle.py reads them.
 """
 from __future__ import annotations
 
@@ -28,6 +36,9 @@ from pathlib import Path
 
 # A step of SpecPV partial verification, as the selection operator is timed (profiler/operators.py).
 SELECTION_BUDGETS = [256, 1024]
+# Bursts of the decode forwards per round besides the round's own (see the module docstring).
+DECODE_BURSTS_WITHIN_ROUND = 2
+DECODE_TOKENS = 16          # forwards of at most this many tokens are decode batches (forward_shape)
 
 
 class EngineProbe:
@@ -101,6 +112,14 @@ class EngineProbe:
         self.machine_probe.append(measure_probe(self.model, self.config, self.device, self.seed))
         self.model.setup_cache(1, 1)     # the largest caches released between rounds
 
+    def measure_decode_burst(self) -> None:
+        """One more burst of every decode forward of the factor's table (batch = tokens <= 16, one
+        query token, each KV column), added to their rounds: each is the median over all bursts."""
+        for shape, times in self.forward_s.items():
+            if shape[1] == 1:
+                times.append(self.time_forward(*shape))
+        self.model.setup_cache(1, 1)
+
     def time_forward(self, batch: int, query: int, kv: int) -> float:
         import torch
 
@@ -143,7 +162,10 @@ class EngineProbe:
         accept = cost.bundle.table("accept")
         host = [float(np.median(self.host_s[b])) - (accept(b, 1) if accept is not None else 0.0) for b in self.batches]
         slope, intercept = np.polyfit(self.batches, host, 1)
-        fits = {"forward_factor": {"tokens": self.tokens_axis, "kv": self.kv_axis, "factor": factor},
+        # Every burst's seconds per shape, kept for study: decode shapes have more than the others.
+        bursts_s = [[self.forward_s[forward_shape(t, kv)] for kv in self.kv_axis] for t in self.tokens_axis]
+        fits = {"forward_factor": {"tokens": self.tokens_axis, "kv": self.kv_axis, "factor": factor,
+                                   "bursts_s": bursts_s},
                 "step_overhead_s": max(0.0, float(intercept)), "request_overhead_s": max(0.0, float(slope)),
                 "step_host_s": dict(zip(map(str, self.batches), host))}
         selection = self.fit_selection_factor(cost)
@@ -176,7 +198,7 @@ class EngineProbe:
 
 def forward_shape(tokens: int, kv: int) -> tuple[int, int, int]:
     """(batch, query, kv) of the whole forward measured for a forward of `tokens` query tokens."""
-    if tokens <= 16:
+    if tokens <= DECODE_TOKENS:
         return tokens, 1, kv                 # decode batches
     if tokens <= 64:
         return 16, tokens // 16, kv          # verification of 16 requests

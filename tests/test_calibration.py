@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from profiler.engine_fits import DECODE_BURSTS_WITHIN_ROUND
 from sim.cost.bundle import load_bundle, model_hash
 from sim.cost.table import OperatorTable
 from sim.errors import ScenarioError
@@ -285,6 +286,13 @@ def test_calibrate_writes_a_complete_bundle(tiny_bundle):
     assert meta["held_out"]["points"] > 0 and math.isfinite(meta["held_out"]["median_abs_error"])
     fits = meta["fits"]
     assert np.min(fits["forward_factor"]["factor"]) > 0 and fits["step_overhead_s"] >= 0
+    # Decode forwards (at most 16 tokens: one query token each) are timed in the round's burst and
+    # in DECODE_BURSTS_WITHIN_ROUND more spread through the operators; the others once a round.
+    factor = fits["forward_factor"]
+    for tokens, row in zip(factor["tokens"], factor["bursts_s"]):
+        expected = 1 + DECODE_BURSTS_WITHIN_ROUND if tokens <= 16 else 1
+        assert [len(bursts) for bursts in row] == [expected] * len(factor["kv"])
+        assert all(s > 0 for bursts in row for s in bursts)
     # Selection timed in partial-verification forwards of the tiny model: batch 1 and 4 at the one
     # context that fits its 1,024 positions.
     selection = fits["selection_factor"]
@@ -354,6 +362,7 @@ def test_refit_keeps_the_operator_times_and_redoes_the_engine_fits(tiny_bundle, 
     assert meta["refit"]["duration_s"] > 0 and meta["date"] == before["date"]
     assert set(meta["fits"]) == set(before["fits"]) and "selection_factor" in meta["fits"]
     assert meta["refit"]["rounds"] == 1 and "engine fits redone in" in run.stdout
+    assert len(meta["fits"]["forward_factor"]["bursts_s"][0][0]) == 1 + DECODE_BURSTS_WITHIN_ROUND
     # A bundle of a few operators has nothing to fit the engine against: one line, exit 2.
     subset = tmp_path / "subset"
     run = subprocess.run([sys.executable, "-m", "profiler", "calibrate", "--model", str(config), "--quick",

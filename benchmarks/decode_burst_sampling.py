@@ -8,7 +8,8 @@ DECODE_BURSTS_WITHIN_ROUND more bursts spread through the round, and keeps the m
 them; meta.json keeps every burst (fits.forward_factor.bursts_s, bundles made since 2026-12-01
 10:00). Before, each shape had one burst a round. This prints, per decode shape, the median of all
 bursts and how far the median of one burst a round lands from it over every choice of one burst in
-each round (3 rounds of 3: 27 choices), then the median of those deviations over the shapes: the
+each round (3 rounds of 3: 27 choices; the rounds are meta.json's, the refit's where the fits were
+redone), then the median of those deviations over the shapes: the
 sampling error the extra bursts take out. No timing is done; it reads the bundles.
 """
 from __future__ import annotations
@@ -31,16 +32,18 @@ def one_burst_a_round_medians(bursts_s: list[float], per_round: int) -> list[flo
 
 
 def main() -> int:
-    from profiler.engine_fits import DECODE_BURSTS_WITHIN_ROUND, DECODE_TOKENS
+    from profiler.engine_fits import DECODE_TOKENS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("bundles", nargs="*", type=Path, default=[ROOT / "calibration" / "cpu" / "smollm2-135m"])
     args = parser.parse_args()
-    per_round = 1 + DECODE_BURSTS_WITHIN_ROUND
     for bundle in args.bundles:
         try:
-            factor = json.loads((bundle / "meta.json").read_text())["fits"]["forward_factor"]
-        except (OSError, ValueError, KeyError) as exc:
+            meta = json.loads((bundle / "meta.json").read_text())
+            factor = meta["fits"]["forward_factor"]
+            # The engine rounds the bursts came in: the refit's if the fits were redone.
+            rounds = int(meta["refit"]["rounds"] if "refit" in meta else meta["rounds"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
             print(f"error: {bundle}: cannot read its forward factor ({exc.__class__.__name__})", file=sys.stderr)
             return 2
         if "bursts_s" not in factor:
@@ -53,9 +56,10 @@ def main() -> int:
             if tokens > DECODE_TOKENS:
                 continue
             for kv, bursts_s in zip(factor["kv"], row):
-                if len(bursts_s) % per_round or len(bursts_s) < per_round:
-                    print(f"error: {bundle}: {len(bursts_s)} bursts at batch {tokens}, KV {kv}: not whole rounds "
-                          f"of {per_round}", file=sys.stderr)
+                per_round = len(bursts_s) // rounds
+                if per_round < 1 or len(bursts_s) % rounds:
+                    print(f"error: {bundle}: {len(bursts_s)} bursts at batch {tokens}, KV {kv} are not "
+                          f"{rounds} equal rounds", file=sys.stderr)
                     return 2
                 every = statistics.median(bursts_s)
                 off = [m / every - 1 for m in one_burst_a_round_medians(bursts_s, per_round)]
@@ -64,7 +68,7 @@ def main() -> int:
                 print(f"{tokens:>5} | {kv:>5} | {len(bursts_s):>6} | {every * 1e3:7.1f} ({min(bursts_s) * 1e3:.1f}-"
                       f"{max(bursts_s) * 1e3:.1f}) | {typical:5.1%} ({min(off):+.1%} to {max(off):+.1%})")
         print(f"median over {len(deviations)} shapes: one burst a round lands {statistics.median(deviations):.1%} "
-              f"from the median of all {per_round} a round (worst shape {max(deviations):.1%})\n")
+              f"from the median of all of them (worst shape {max(deviations):.1%})\n")
     return 0
 
 

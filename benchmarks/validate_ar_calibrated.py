@@ -15,6 +15,7 @@ settings, each measured by the median of its repeats.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -96,11 +97,13 @@ def print_decode_forwards(run_dirs: list[Path], bundle: Path) -> None:
     cost, target = cost_model_for(scenario), build_stacks(scenario).target
     by_phase: dict[tuple[str, int], list[tuple[float, float, int]]] = {}
     for run in run_dirs:
+        batch_size = json.loads((run / "summary.json").read_text())["batch"]
         steps = pd.read_parquet(run / "steps.parquet")
-        steps = steps[steps.step > 0].assign(batch=lambda s: s.request // int(run.name.rsplit("-b", 1)[1].split("-")[0]))
-        # A static batch's requests share each step's forward: one row per request in it.
-        per_step = steps.groupby(["batch", "step"]).agg(seconds=("verify_s", "first"), kv=("kv_tokens", "max"),
-                                                        alive=("kv_tokens", "size"))
+        # Requests are numbered across the run and steps within each static batch, whose requests
+        # share each step's forward (one row per request alive).
+        steps = steps[steps.step > 0].assign(static_batch=lambda s: s.request // batch_size)
+        per_step = steps.groupby(["static_batch", "step"]).agg(seconds=("verify_s", "first"),
+                                                               kv=("kv_tokens", "max"), alive=("kv_tokens", "size"))
         for alive, phase in per_step.groupby("alive"):
             by_phase.setdefault((run.name.rsplit("-r", 1)[0], int(alive)), []).append(
                 (float(phase.seconds.median()), float(phase.kv.median()), len(phase)))

@@ -319,6 +319,12 @@ def reuse_operators(bundle_dir: Path, config, dtype_name: str, device_name: str)
     return frame, meta
 
 
+def evenly_spaced_positions(points: int, calls: int) -> list[int]:
+    """Where in a round of `points` timings `calls` extra calls go: before the timing at 1/(n+1),
+    2/(n+1)... of the round; positions repeat when there are more calls than points."""
+    return [points * (k + 1) // (calls + 1) for k in range(calls)]
+
+
 def measure_operators(config, dtype, device, grid, held, rounds, seed, after_round=None, within_round=None,
                       within_round_calls: int = 0):
     """Time every grid and held-out point `rounds` times in shuffled order, calling `after_round()`
@@ -347,14 +353,13 @@ def measure_operators(config, dtype, device, grid, held, rounds, seed, after_rou
     # Enough shared random values for the copies of any operator to overflow the caches 4 times.
     pool = random_pool(max(4 * last_level_cache_bytes() // element_bytes, 1 << 22), dtype, device, seed) \
         if device == "cpu" else None
+    # Spread through the round, the extra bursts meet the machine in the states the operators do.
+    within_at = evenly_spaced_positions(len(unique), within_round_calls if within_round is not None else 0)
     with torch.inference_mode(), tqdm(total=len(unique) * rounds, desc="calibrate", unit="point") as bar:
         for r in range(rounds):
             order = rng.permutation(len(unique))
-            # Positions in the round after which within_round() runs: 1/(n+1), 2/(n+1)... of it.
-            within_at = {len(unique) * (k + 1) // (within_round_calls + 1) for k in range(within_round_calls)} \
-                if within_round is not None else set()
             for position, i in enumerate(order):
-                if position in within_at:
+                for _ in range(within_at.count(position)):
                     bar.set_postfix_str(f"decode forwards, round {r + 1}")
                     within_round()
                     bar.set_postfix_str("")

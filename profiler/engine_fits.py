@@ -27,7 +27,7 @@ between bursts seconds apart (benchmarks/decode_forward_level.py), and the media
 round lands 1.8-2.5% from the median of three a round (median over the decode shapes, up to 11%
 at one shape; benchmarks/decode_burst_sampling.py, on the two bundles made this way). About 20 s
 a burst here, 2 minutes a calibration. `--refit` runs the rounds back to back, each with its
-extra bursts. Every fit goes in meta.json's "fits" (the decode bursts too, `bursts_s`);
+extra bursts right after it (seconds apart, so less spread than in a calibration). Every fit goes in meta.json's "fits" (the decode bursts too, `bursts_s`);
 sim/cost/bundle.py reads them.
 """
 from __future__ import annotations
@@ -115,9 +115,9 @@ class EngineProbe:
     def measure_decode_burst(self) -> None:
         """One more burst of every decode forward of the factor's table (batch = tokens <= 16, one
         query token, each KV column), added to their rounds: each is the median over all bursts."""
-        for shape, times in self.forward_s.items():
-            if shape[1] == 1:
-                times.append(self.time_forward(*shape))
+        for shape in sorted({forward_shape(t, kv) for t in self.tokens_axis if t <= DECODE_TOKENS
+                             for kv in self.kv_axis}):
+            self.forward_s[shape].append(self.time_forward(*shape))
         self.model.setup_cache(1, 1)
 
     def time_forward(self, batch: int, query: int, kv: int) -> float:

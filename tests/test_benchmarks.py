@@ -157,16 +157,24 @@ def test_decode_burst_sampling_reads_every_burst_and_the_one_a_round_choices(tmp
     # Two rounds of three bursts: every choice of one per round, 3 x 3 = 9 medians.
     assert sorted(module.one_burst_a_round_medians([1.0, 2.0, 3.0, 5.0, 5.0, 5.0], 3)) == \
         [3.0, 3.0, 3.0, 3.5, 3.5, 3.5, 4.0, 4.0, 4.0]
-    meta = {"fits": {"forward_factor": {"tokens": [1, 32], "kv": [256], "factor": [[1.0], [1.0]],
-                                        "bursts_s": [[[0.1, 0.1, 0.1, 0.1, 0.2, 0.1, 0.1, 0.1, 0.1]], [[0.5, 0.5, 0.5]]]}}}
+    # Three rounds of bursts at 100, 200 and 300 ms: of the 27 one-a-round medians, 7 are 100 ms,
+    # 13 are 200 and 7 are 300, so the median |deviation| from 200 ms is 50%.
+    meta = {"rounds": 3, "fits": {"forward_factor": {"tokens": [1, 32], "kv": [256], "factor": [[1.0], [1.0]],
+                                                     "bursts_s": [[[0.1, 0.2, 0.3] * 3], [[0.5, 0.5, 0.5]]]}}}
     bundle = tmp_path / "bundle"
     bundle.mkdir()
     (bundle / "meta.json").write_text(json.dumps(meta))
     proc = subprocess.run([sys.executable, "benchmarks/decode_burst_sampling.py", str(bundle)], cwd=REPO,
                           capture_output=True, text=True, check=True)
     # Only the decode row (1 token); 32 tokens is verification, timed once a round.
-    assert "    1 |   256 |      9 |   100.0 (100.0-200.0) |  0.0% (+0.0% to +0.0%)" in proc.stdout
+    assert "    1 |   256 |      9 |   200.0 (100.0-300.0) | 50.0% (-50.0% to +50.0%)" in proc.stdout
     assert "median over 1 shapes" in proc.stdout
+    # Refitted fits came in the refit's rounds: 9 rounds of one burst leave one choice, all of them.
+    meta["refit"] = {"rounds": 9}
+    (bundle / "meta.json").write_text(json.dumps(meta))
+    proc = subprocess.run([sys.executable, "benchmarks/decode_burst_sampling.py", str(bundle)], cwd=REPO,
+                          capture_output=True, text=True, check=True)
+    assert "    1 |   256 |      9 |   200.0 (100.0-300.0) |  0.0% (+0.0% to +0.0%)" in proc.stdout
     del meta["fits"]["forward_factor"]["bursts_s"]
     (bundle / "meta.json").write_text(json.dumps(meta))
     proc = subprocess.run([sys.executable, "benchmarks/decode_burst_sampling.py", str(bundle)], cwd=REPO,

@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from profiler.engine_fits import DECODE_BURSTS_WITHIN_ROUND
+from profiler.calibrate import evenly_spaced_positions
+from profiler.engine_fits import DECODE_BURSTS_WITHIN_ROUND, DECODE_TOKENS
 from sim.cost.bundle import load_bundle, model_hash
 from sim.cost.table import OperatorTable
 from sim.errors import ScenarioError
@@ -290,7 +291,7 @@ def test_calibrate_writes_a_complete_bundle(tiny_bundle):
     # in DECODE_BURSTS_WITHIN_ROUND more spread through the operators; the others once a round.
     factor = fits["forward_factor"]
     for tokens, row in zip(factor["tokens"], factor["bursts_s"]):
-        expected = 1 + DECODE_BURSTS_WITHIN_ROUND if tokens <= 16 else 1
+        expected = meta["rounds"] * (1 + DECODE_BURSTS_WITHIN_ROUND if tokens <= DECODE_TOKENS else 1)
         assert [len(bursts) for bursts in row] == [expected] * len(factor["kv"])
         assert all(s > 0 for bursts in row for s in bursts)
     # Selection timed in partial-verification forwards of the tiny model: batch 1 and 4 at the one
@@ -373,6 +374,13 @@ def test_refit_keeps_the_operator_times_and_redoes_the_engine_fits(tiny_bundle, 
                           "--device", "cpu", "--refit", str(subset)], capture_output=True, text=True, cwd=tmp_path)
     assert run.returncode == 2 and run.stderr.startswith("error: --refit:") and "has no linear.o" in run.stderr
     assert run.stderr.count("\n") == 1
+
+
+def test_extra_bursts_are_spread_evenly_through_a_round_and_none_is_lost():
+    assert evenly_spaced_positions(100, 2) == [33, 66]
+    assert evenly_spaced_positions(3, 2) == [1, 2]
+    assert evenly_spaced_positions(1, 2) == [0, 0]           # fewer points than calls: both still run
+    assert evenly_spaced_positions(100, 0) == []
 
 
 def test_inspect_prints_achieved_rates(tiny_bundle):

@@ -403,30 +403,33 @@ def test_calibrate_bad_input_is_one_line(argv, message):
     assert run.stderr.startswith(message) and run.stderr.count("\n") == 1, run.stderr
 
 
-def test_cpu_timing_is_the_median_call_of_blocks_after_warm_up():
+def test_cpu_timing_is_the_median_call_of_blocks_after_warm_up(monkeypatch):
     import time
 
-    from profiler.timing import time_call
+    from profiler.timing import CPU_BLOCK_S, time_call
 
+    # A clock that only the timed call moves, so the test checks the method, not this machine's
+    # load (a real 1 ms sleep under a wall-clock bound passes or fails with what else runs).
+    # Binary fractions of a second keep the arithmetic exact.
+    now = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
     calls = []
 
-    def sleep_1ms():
-        calls.append(None)
-        time.sleep(1e-3)
+    def call_of(seconds):
+        def call():
+            calls.append(None)
+            now[0] += seconds
+        return call
 
-    timing = time_call(sleep_1ms, "cpu", min_run_time_s=0.03)
-    # A sleep of 1 ms takes at least 1 ms and, on a loaded machine, not many times more.
-    assert 1e-3 <= timing.median_s < 5e-3
-    assert timing.spread >= 0
+    per_call_s = 2.0 ** -10                         # about 1 ms
+    timing = time_call(call_of(per_call_s), "cpu", min_run_time_s=0.03)
+    per_block = int(CPU_BLOCK_S / per_call_s)       # 2 calls a block
+    blocks = -(-0.03 // (per_block * per_call_s))   # until 30 ms have passed: 16 blocks
+    assert timing.median_s == per_call_s and timing.spread == 0.0
+    assert timing.runs == blocks * per_block == 32
     assert len(calls) == timing.runs + 2            # two warm-up calls, then every timed one
-    assert timing.runs >= 5                         # 30 ms of blocks of about 2 ms
 
     calls.clear()
-
-    def sleep_50ms():
-        calls.append(None)
-        time.sleep(0.05)
-
-    long = time_call(sleep_50ms, "cpu", min_run_time_s=0.03)
+    long = time_call(call_of(0.05), "cpu", min_run_time_s=0.03)
     assert long.runs == 1 and len(calls) == 3       # one block of one call is longer than the budget
-    assert 0.05 <= long.median_s < 0.25
+    assert long.median_s == pytest.approx(0.05, rel=1e-12)

@@ -27,8 +27,8 @@ between bursts seconds apart (benchmarks/decode_forward_level.py), and the media
 round lands 1.8-2.5% from the median of three a round (median over the decode shapes, up to 11%
 at one shape; benchmarks/decode_burst_sampling.py, on the two bundles made this way). About 20 s
 a burst here, 2 minutes a calibration. `--refit` runs the rounds back to back, each with its
-extra bursts right after it (seconds apart, so less spread than in a calibration). Every fit goes in meta.json's "fits" (the decode bursts too, `bursts_s`);
-sim/cost/bundle.py reads them.
+extra bursts right after it (seconds apart, so less spread than in a calibration). Every fit goes
+in meta.json's "fits" (the decode bursts too, `bursts_s`); sim/cost/bundle.py reads them.
 """
 from __future__ import annotations
 
@@ -66,6 +66,8 @@ class EngineProbe:
         self.kv_axis = [kv for kv in kv_axis if fits_context(kv)] or [config.max_context // 2]
         shapes = {forward_shape(t, kv) for t in self.tokens_axis for kv in self.kv_axis}
         self.forward_s: dict[tuple, list[float]] = {shape: [] for shape in sorted(shapes)}
+        # The shapes measure_decode_burst times again within each round of operators.
+        self.decode_shapes = [shape for shape in self.forward_s if shape[0] <= DECODE_TOKENS and shape[1] == 1]
         self.check_s: dict[tuple, list[float]] = {c: [] for c in checks if fits_context(c[2])}
         self.batches = [1, 4, 16] if quick else [1, 2, 4, 8, 16]
         self.host_s: dict[int, list[float]] = {b: [] for b in self.batches}
@@ -115,8 +117,7 @@ class EngineProbe:
     def measure_decode_burst(self) -> None:
         """One more burst of every decode forward of the factor's table (batch = tokens <= 16, one
         query token, each KV column), added to their rounds: each is the median over all bursts."""
-        for shape in sorted({forward_shape(t, kv) for t in self.tokens_axis if t <= DECODE_TOKENS
-                             for kv in self.kv_axis}):
+        for shape in self.decode_shapes:
             self.forward_s[shape].append(self.time_forward(*shape))
         self.model.setup_cache(1, 1)
 

@@ -151,8 +151,12 @@ def test_decode_forward_level_times_bursts_against_a_decoding_run():
 
 
 def test_decode_burst_sampling_reads_every_burst_and_the_one_a_round_choices(tmp_path):
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import decode_burst_sampling as module
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("decode_burst_sampling",
+                                                  REPO / "benchmarks" / "decode_burst_sampling.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
 
     # Two rounds of three bursts: every choice of one per round, 3 x 3 = 9 medians.
     assert sorted(module.one_burst_a_round_medians([1.0, 2.0, 3.0, 5.0, 5.0, 5.0], 3)) == \

@@ -49,6 +49,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from profiler.engine_fits import DECODE_BURSTS_WITHIN_ROUND
+from sim.cost.bundle import HELD_OUT_TARGET, round_spread
 from sim.errors import ScenarioError
 
 # Axes per operator. Full: geometric steps of at most 2 (1.5 at small token counts, where the
@@ -509,11 +510,13 @@ def held_out_error(frame, grid, forward_checks) -> dict:
             per_op[op] = round(float(np.median(op_errors)), 4)
             errors += op_errors
     forward = [abs(c["predicted_s"] / c["measured_s"] - 1) for c in forward_checks]
+    spread = round_spread(frame)
     return {"points": len(errors), "median_abs_error": round(float(np.median(errors)), 4) if errors else None,
             "p90_abs_error": round(float(np.percentile(errors, 90)), 4) if errors else None,
             "max_abs_error": round(float(max(errors)), 4) if errors else None, "per_operator": per_op,
             "forward_median_abs_error": round(float(np.median(forward)), 4) if forward else None,
-            "forward_checks": forward_checks}
+            "forward_checks": forward_checks, "round_spread": None if spread is None else round(spread, 4)}
+
 
 
 def format_calibration_summary(out: Path, meta: dict) -> str:
@@ -528,6 +531,11 @@ def format_calibration_summary(out: Path, meta: dict) -> str:
              f"{meta['dtype']}, {meta['model']['name']})",
              f"held-out error of the tables: median {percent(held['median_abs_error'])}, P90 "
              f"{percent(held['p90_abs_error'])}, worst {percent(held['max_abs_error'])} over {held['points']} points"]
+    if held.get("round_spread") is not None:
+        lines.append(f"timing noise: the rounds of one point span a median {held['round_spread']:.1%} of its time")
+    if held["median_abs_error"] is not None and held["median_abs_error"] > HELD_OUT_TARGET:
+        lines.append(f"note: the held-out error is above its target ({HELD_OUT_TARGET:.0%}); where the rounds span more "
+                     f"than about 10%, the machine moved under the timings: calibrate again when it is quieter")
     if fits:
         lines += [f"whole forwards at off-grid shapes: median error {percent(held['forward_median_abs_error'])}",
                   f"whole forward / composed operators: {np.min(fits['forward_factor']['factor']):.2f} to "

@@ -3,7 +3,8 @@
 One row per operator: its grid, the time range, and the best achieved memory bandwidth and FLOP
 rate over its points (bytes and FLOPs it must move and compute, over the measured median), each
 also as a share of the datasheet figure of the simulator's hardware preset for that device.
-Then the held-out error and the fitted engine overheads.
+Then the held-out error, the timing noise it follows (how far one point's timing rounds
+lie apart) and the fitted engine overheads.
 """
 from __future__ import annotations
 
@@ -54,6 +55,8 @@ def inspect_command(args) -> int:
         print(f"held-out error: median {held['median_abs_error']:.1%}, P90 {held['p90_abs_error']:.1%}, worst "
               f"{held['max_abs_error']:.1%} over {held['points']} points; whole forwards: median "
               f"{held['forward_median_abs_error']:.1%}")
+    if bundle.round_spread is not None:
+        print(f"timing noise: the rounds of one point span a median {bundle.round_spread:.1%} of its time")
     fits = meta.get("fits", {})
     if fits:
         print(f"fitted engine host time per step: "

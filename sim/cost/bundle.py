@@ -33,6 +33,9 @@ COLUMNS = (*DIMS, "op", "seconds", "spread", "runs", "held_out", "flops", "bytes
 # Past its longest prompt, a whole prompt's causal attention grows with the prompt's square (its
 # work is query x (query + 1) / 2 pairs); every other operator table linearly (sim/cost/table.py).
 POWER_ABOVE = {"attention_prompt": 2.0}
+# What a bundle's tables should hold out within (issue 5): the median |interpolated / measured - 1|
+# over its off-grid points. A scenario reading a bundle above it carries a warning.
+HELD_OUT_TARGET = 0.05
 MODEL_FIELDS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "tied_embeddings")
 
 
@@ -48,6 +51,7 @@ class Bundle:
     meta: dict
     tables: dict[str, OperatorTable]
     fits: dict = field(default_factory=dict)
+    round_spread: float | None = None       # the timing noise of its calibration (`round_spread`)
 
     def forward_factor(self) -> OperatorTable | None:
         """Whole forwards measured / composed from operators, against query tokens and mean KV: the
@@ -140,12 +144,26 @@ def _load(folder: Path, stamp: tuple) -> Bundle:
                   for name, spec in meta["grid"].items()}
         for key in ("model", "dtype", "device"):
             meta[key]
-        bundle = Bundle(folder, meta, tables, meta.get("fits", {}))
+        bundle = Bundle(folder, meta, tables, meta.get("fits", {}), round_spread(frame))
         bundle.forward_factor()
         bundle.selection_factor()
     except (KeyError, TypeError, ValueError) as exc:
         raise ScenarioError("calibration", f"{folder} is inconsistent: {exc.__class__.__name__} {exc}") from None
     return bundle
+
+
+def round_spread(frame) -> float | None:
+    """The machine's timing noise over a calibration: the median over its timed points of (slowest
+    round - fastest round) / median round; None with one round a point. The held-out error compares
+    timings with timings, so it follows this: on this CPU class, bundles whose rounds spanned 5-9%
+    held out within 3.2-5.5%, those at 15-32% within 5.6-11.5% (docs/validation.md)."""
+    if "round_seconds" not in frame:
+        return None
+    # attention_prefill's cells below its diagonal are copies of the diagonal, not timings.
+    timed = frame[~((frame.op == "attention_prefill") & (frame.kv < frame["query"]))]
+    spans = [float(np.ptp(rounds) / np.median(rounds)) for rounds in map(np.asarray, timed.round_seconds)
+             if len(rounds) > 1]
+    return float(np.median(spans)) if spans else None
 
 
 def table_from_rows(name: str, spec: dict, rows) -> OperatorTable:
@@ -170,7 +188,8 @@ def table_from_rows(name: str, spec: dict, rows) -> OperatorTable:
 
 def check_bundle(bundle: Bundle, scenario) -> list[str]:
     """Errors for a bundle of another model or dtype than the scenario's; warnings (returned) for
-    one measured on another device than the scenario's hardware."""
+    one measured on another device than the scenario's hardware, or whose tables miss their
+    held-out points by more than HELD_OUT_TARGET (with how much its timing rounds disagreed)."""
     meta = bundle.meta
     model = scenario.model_spec
     if meta["model"].get("hash") != model_hash(model) or meta["dtype"] != scenario.dtype:
@@ -181,4 +200,10 @@ def check_bundle(bundle: Bundle, scenario) -> list[str]:
     if hardware != scenario.hardware_spec.name:
         warnings.append(f"calibration {bundle.path} was measured on {meta['device'].get('name')} "
                         f"({hardware}), the scenario's hardware is {scenario.hardware_spec.name}")
+    held = meta.get("held_out") or {}
+    if (held.get("median_abs_error") or 0.0) > HELD_OUT_TARGET:
+        noise = bundle.round_spread
+        warnings.append(f"calibration {bundle.path} holds out within a median {held['median_abs_error']:.1%} "
+                        f"(target {HELD_OUT_TARGET:.0%})"
+                        + (f"; its timing rounds of one point spanned a median {noise:.1%}" if noise is not None else ""))
     return warnings

@@ -184,3 +184,40 @@ def test_decode_burst_sampling_reads_every_burst_and_the_one_a_round_choices(tmp
     proc = subprocess.run([sys.executable, "benchmarks/decode_burst_sampling.py", str(bundle)], cwd=REPO,
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "keeps no bursts" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_ar_check_floor_puts_one_checks_medians_in_place_of_the_prediction(tmp_path):
+    def write_check(name: str, tok_s: dict[str, list[float]], predicted: dict[str, float] | None = None):
+        check = tmp_path / name
+        rows = []
+        for setting, values in tok_s.items():
+            for repeat, value in enumerate(values):
+                run = check / f"{setting}-r{repeat}"
+                run.mkdir(parents=True)
+                batch = int(setting.rsplit("-b", 1)[1])
+                (run / "summary.json").write_text(json.dumps({"batch": batch, "throughput_tok_s": value}))
+                if predicted is not None:
+                    rows.append(f"{run.name},cost model,{batch},{value},{predicted[setting]}")
+                    rows.append(f"{run.name},cost model @ probe,{batch},{value},0.5")
+        if predicted is not None:
+            (check / "validation").mkdir()
+            (check / "validation" / "validation.csv").write_text(
+                "# provenance: {}\nrun,prediction,batch,measured_tok_s,predicted_tok_s\n" + "\n".join(rows) + "\n")
+        return check
+
+    # The first check's medians: chat-b1 20 (of 20, 19, 30), chat-b8 60; the second's 25 and 60.
+    first = write_check("a", {"chat-b1": [20.0, 19.0, 30.0], "chat-b8": [60.0, 66.0, 54.0]},
+                        {"chat-b1": 22.0, "chat-b8": 57.0})
+    second = write_check("b", {"chat-b1": [25.0, 25.0], "chat-b8": [60.0, 60.0], "context512-b8": [40.0]})
+    proc = subprocess.run([sys.executable, "benchmarks/ar_check_floor.py", str(first), str(second)], cwd=REPO,
+                          capture_output=True, text=True, check=True)
+    assert f"{first}: batch 1 10.0%, batch 8 5.0%" in proc.stdout       # 22 / 20 and 57 / 60, the cost model only
+    assert f"{second}: no validation.csv" in proc.stdout
+    assert "a -> b, batch 1: 20.0% (chat-b1 -20.0%)" in proc.stdout     # 20 predicting 25
+    assert "a -> b, batch 8: 0.0% (chat-b8 +0.0%)" in proc.stdout       # only the shared setting
+    assert "batch 1: 20.0% (20.0%-20.0%) over 1 pairs" in proc.stdout
+
+    for argv, message in (([str(first)], "at least two"), ([str(first), str(tmp_path / "none")], "has no runs")):
+        bad = subprocess.run([sys.executable, "benchmarks/ar_check_floor.py", *argv], cwd=REPO,
+                             capture_output=True, text=True)
+        assert bad.returncode == 2 and message in bad.stderr and bad.stderr.count("\n") == 1

@@ -518,7 +518,6 @@ def held_out_error(frame, grid, forward_checks) -> dict:
             "forward_checks": forward_checks, "round_spread": None if spread is None else round(spread, 4)}
 
 
-
 def format_calibration_summary(out: Path, meta: dict) -> str:
     import numpy as np
 
@@ -534,8 +533,8 @@ def format_calibration_summary(out: Path, meta: dict) -> str:
     if held.get("round_spread") is not None:
         lines.append(f"timing noise: the rounds of one point span a median {held['round_spread']:.1%} of its time")
     if held["median_abs_error"] is not None and held["median_abs_error"] > HELD_OUT_TARGET:
-        lines.append(f"note: the held-out error is above its target ({HELD_OUT_TARGET:.0%}); where the rounds span more "
-                     f"than about 10%, the machine moved under the timings: calibrate again when it is quieter")
+        lines.append(f"note: the held-out error is above its target ({HELD_OUT_TARGET:.0%}); the larger the timing noise, "
+                     f"the more the machine moved under the timings (docs/validation.md): calibrate again when it is quieter")
     if fits:
         lines += [f"whole forwards at off-grid shapes: median error {percent(held['forward_median_abs_error'])}",
                   f"whole forward / composed operators: {np.min(fits['forward_factor']['factor']):.2f} to "

@@ -282,7 +282,7 @@ def test_calibration_summary_reports_timing_noise_and_a_missed_target():
     meta["held_out"]["median_abs_error"] = 0.056
     assert "note: the held-out error is above its target (5%)" in format_calibration_summary(Path("b"), meta)
     meta["held_out"]["round_spread"] = None          # one round: no figure
-    assert "timing noise" not in format_calibration_summary(Path("b"), meta)
+    assert "timing noise:" not in format_calibration_summary(Path("b"), meta)
 
 
 @pytest.mark.parametrize("damage, message", [

@@ -14,12 +14,14 @@ validation.csv). Compare checks of one VM only: a new VM is another machine. Onl
 from __future__ import annotations
 
 import argparse
-import csv
 import itertools
 import json
 import statistics
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from validate_ar_calibrated import median_of_repeats, read_validation_rows  # noqa: E402  (the check's own reading)
 
 
 def read_setting_medians(check: Path) -> dict[tuple[int, str], float]:
@@ -38,17 +40,10 @@ def read_model_errors(check: Path) -> dict[int, float]:
     path = check / "validation" / "validation.csv"
     if not path.exists():
         return {}
-    with path.open() as handle:
-        rows = [r for r in csv.DictReader(line for line in handle if not line.startswith("#"))
-                if r["prediction"] == "cost model"]
-    by_setting: dict[tuple[int, str], list[dict]] = {}
-    for r in rows:
-        by_setting.setdefault((int(r["batch"]), r["run"].rsplit("-r", 1)[0]), []).append(r)
     per_batch: dict[int, list[float]] = {}
-    for (batch, _), group in by_setting.items():
-        measured = statistics.median(float(r["measured_tok_s"]) for r in group)
-        predicted = statistics.median(float(r["predicted_tok_s"]) for r in group)
-        per_batch.setdefault(batch, []).append(abs(predicted / measured - 1))
+    for (prediction, batch, _), (measured, predicted, _) in median_of_repeats(read_validation_rows(path)).items():
+        if prediction == "cost model":
+            per_batch.setdefault(batch, []).append(abs(predicted / measured - 1))
     return {batch: statistics.median(errors) for batch, errors in per_batch.items()}
 
 

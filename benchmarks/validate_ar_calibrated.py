@@ -64,10 +64,7 @@ def main() -> int:
             print(out.stderr, file=sys.stderr)
             return out.returncode
         print(out.stdout)
-        import csv
-
-        with (root / "validation" / "validation.csv").open() as handle:
-            rows = list(csv.DictReader(line for line in handle if not line.startswith("#")))
+        rows = read_validation_rows(root / "validation" / "validation.csv")
         for prediction in sorted({r["prediction"] for r in rows}):
             for batch in sorted({b for b, _ in runs}):
                 errors = [abs(float(r["tok_s_error"])) for r in rows
@@ -117,22 +114,35 @@ def print_decode_forwards(run_dirs: list[Path], bundle: Path) -> None:
               f"(runs {min(seconds) * 1e3:.1f}-{max(seconds) * 1e3:.1f}), priced {priced * 1e3:6.1f} ms")
 
 
+def read_validation_rows(path: Path) -> list[dict]:
+    """The rows of `sim validate`'s validation.csv (its provenance comment line skipped)."""
+    import csv
+
+    with path.open() as handle:
+        return list(csv.DictReader(line for line in handle if not line.startswith("#")))
+
+
+def median_of_repeats(rows: list[dict]) -> dict[tuple[str, int, str], tuple[float, float, int]]:
+    """(prediction, batch, setting) -> the median measured and the median predicted tok/s over the
+    setting's repeats (its runs SETTING-rN), and how many repeats."""
+    by_setting: dict[tuple, list[dict]] = {}
+    for r in rows:
+        by_setting.setdefault((r["prediction"], int(r["batch"]), r["run"].rsplit("-r", 1)[0]), []).append(r)
+    return {key: (statistics.median(float(r["measured_tok_s"]) for r in group),
+                  statistics.median(float(r["predicted_tok_s"]) for r in group), len(group))
+            for key, group in sorted(by_setting.items())}
+
+
 def print_median_of_repeats(rows: list[dict]) -> None:
     """Each setting's median repeat against the median prediction: one run of this VM lands several
     percent from the next (slow spells), so a setting is measured by the median of its repeats, as
     the validation study measures each of its runs (sim.live_runs.merge_repeats)."""
-    by_setting: dict[tuple, list[dict]] = {}
-    for r in rows:
-        setting = r["run"].rsplit("-r", 1)[0]
-        by_setting.setdefault((r["prediction"], int(r["batch"]), setting), []).append(r)
     print("\nmedian of the repeats, per setting:")
     summary: dict[tuple, list[float]] = {}
-    for (prediction, batch, setting), group in sorted(by_setting.items()):
-        measured = statistics.median(float(r["measured_tok_s"]) for r in group)
-        predicted = statistics.median(float(r["predicted_tok_s"]) for r in group)
+    for (prediction, batch, setting), (measured, predicted, repeats) in median_of_repeats(rows).items():
         error = predicted / measured - 1
         summary.setdefault((prediction, batch), []).append(abs(error))
-        print(f"  {prediction:<20} batch {batch:>2} {setting:<14} measured {measured:7.2f} tok/s over {len(group)} "
+        print(f"  {prediction:<20} batch {batch:>2} {setting:<14} measured {measured:7.2f} tok/s over {repeats} "
               f"repeats, predicted {predicted:7.2f}, error {error:+.1%}")
     for (prediction, batch), errors in sorted(summary.items()):
         print(f"{prediction}, batch {batch}, median of repeats: median |error| {statistics.median(errors):.1%}, "

@@ -281,6 +281,8 @@ def calibrate_command(args) -> int:
             fits, forward_checks = probe.fit(model_name, dtype_name, meta["device"]["hardware"], Path(provisional))
     meta["fits"] = fits
     meta["held_out"] = held_out_error(frame, grid, forward_checks)
+    spread = round_spread(frame, meta["rounds"])
+    meta["held_out"]["round_spread"] = None if spread is None else round(spread, 4)
     if args.refit is not None:
         from sim.simulate import git_revision
 
@@ -510,12 +512,11 @@ def held_out_error(frame, grid, forward_checks) -> dict:
             per_op[op] = round(float(np.median(op_errors)), 4)
             errors += op_errors
     forward = [abs(c["predicted_s"] / c["measured_s"] - 1) for c in forward_checks]
-    spread = round_spread(frame)
     return {"points": len(errors), "median_abs_error": round(float(np.median(errors)), 4) if errors else None,
             "p90_abs_error": round(float(np.percentile(errors, 90)), 4) if errors else None,
             "max_abs_error": round(float(max(errors)), 4) if errors else None, "per_operator": per_op,
             "forward_median_abs_error": round(float(np.median(forward)), 4) if forward else None,
-            "forward_checks": forward_checks, "round_spread": None if spread is None else round(spread, 4)}
+            "forward_checks": forward_checks}
 
 
 def format_calibration_summary(out: Path, meta: dict) -> str:

@@ -246,14 +246,11 @@ def test_round_spread_is_the_median_span_of_timed_points_with_rounds():
     import pandas as pd
 
     frame = pd.DataFrame({
-        "op": ["linear.o", "linear.o", "attention", "attention", "attention_prefill", "attention_prefill"],
-        "query": [0, 0, 1, 1, 128, 256], "kv": [0, 0, 64, 128, 256, 128],
-        "round_seconds": [[1.0, 2.0, 3.0], [1.0, 1.0, 1.0], [2.0, 2.2, 2.4], [5.0], [1.0, 1.1, 1.2], [9.0, 1.0, 1.0]]})
-    # Spans 100%, 0%, 18.2% and 18.2%; the one-round point and the copy below prefill's diagonal
-    # (kv < query) are no timings of rounds.
-    assert round_spread(frame) == pytest.approx(0.2 / 1.1)
-    assert round_spread(frame.drop(columns="round_seconds")) is None
-    assert round_spread(frame.assign(round_seconds=[[1.0]] * 6)) is None
+        "op": ["linear.o", "linear.o", "attention", "attention_prefill", "attention_prefill"],
+        "query": [0, 0, 1, 128, 256], "kv": [0, 0, 64, 256, 128], "spread": [1.0, 0.0, 0.2, 0.3, 9.0]})
+    # The copy below prefill's diagonal (kv < query) is no timing of its own: median of 1, 0, 0.2, 0.3.
+    assert round_spread(frame, rounds=3) == pytest.approx(0.25)
+    assert round_spread(frame, rounds=1) is None         # one round: `spread` is within that round
 
 
 def test_bundle_above_the_held_out_target_is_a_warning_with_its_timing_noise(tmp_path):
@@ -338,6 +335,7 @@ def test_calibrate_writes_a_complete_bundle(tiny_bundle):
     assert meta["model"]["hash"] == model_hash(hf_llama_config(config))
     assert meta["schema_version"] == 1 and meta["quick"] and meta["rounds"] == 1
     assert meta["held_out"]["points"] > 0 and math.isfinite(meta["held_out"]["median_abs_error"])
+    assert meta["held_out"]["round_spread"] is None and bundle.round_spread is None     # one round a point
     fits = meta["fits"]
     assert np.min(fits["forward_factor"]["factor"]) > 0 and fits["step_overhead_s"] >= 0
     # Decode forwards (at most 16 tokens: one query token each) are timed in the round's burst and

@@ -144,7 +144,7 @@ def _load(folder: Path, stamp: tuple) -> Bundle:
                   for name, spec in meta["grid"].items()}
         for key in ("model", "dtype", "device"):
             meta[key]
-        bundle = Bundle(folder, meta, tables, meta.get("fits", {}), round_spread(frame))
+        bundle = Bundle(folder, meta, tables, meta.get("fits", {}), round_spread(frame, int(meta["rounds"])))
         bundle.forward_factor()
         bundle.selection_factor()
     except (KeyError, TypeError, ValueError) as exc:
@@ -152,18 +152,17 @@ def _load(folder: Path, stamp: tuple) -> Bundle:
     return bundle
 
 
-def round_spread(frame) -> float | None:
-    """The machine's timing noise over a calibration: the median over its timed points of (slowest
-    round - fastest round) / median round; None with one round a point. The held-out error compares
-    timings with timings, so it follows this: on this CPU class, bundles whose rounds spanned 5-9%
-    held out within 3.2-5.5%, those at 15-32% within 5.6-11.5% (docs/validation.md)."""
-    if "round_seconds" not in frame:
+def round_spread(frame, rounds: int) -> float | None:
+    """The machine's timing noise over a calibration of `rounds` rounds a point: the median over its
+    timed points of their `spread`, (slowest round - fastest round) / median round; None with one
+    round (then `spread` is within the round). The held-out error compares timings with timings, so
+    it follows this: on this CPU class, bundles whose rounds spanned 5-9% held out within
+    3.2-5.5%, those at 15-32% within 5.6-11.5% (docs/validation.md)."""
+    if rounds < 2:
         return None
     # attention_prefill's cells below its diagonal are copies of the diagonal, not timings.
     timed = frame[~((frame.op == "attention_prefill") & (frame.kv < frame["query"]))]
-    spans = [float(np.ptp(rounds) / np.median(rounds)) for rounds in map(np.asarray, timed.round_seconds)
-             if len(rounds) > 1]
-    return float(np.median(spans)) if spans else None
+    return float(timed.spread.median())
 
 
 def table_from_rows(name: str, spec: dict, rows) -> OperatorTable:

@@ -71,6 +71,13 @@ CONTEXT = [256, 512, 1024, 2048, 4096, 8192]
 BUDGET = [256, 512, 1024, 2048, 4096]
 ACCEPT_TOKENS = [1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32]
 BYTES = [1 << 16, 1 << 20, 1 << 24, 1 << 26, 1 << 28]
+# Rounds of a full calibration without --rounds: at least MIN_ROUNDS, and more, up to MAX_ROUNDS,
+# while one more round as long as the longest so far still ends within ROUNDS_BUDGET_S of the
+# start (the fits and held-out error take seconds after), so a calibration stays within its
+# limit (15 minutes on a 2-core CPU, 10 on an H200) and a faster machine spends the time on more
+# samples of every point: the held-out error falls with rounds (module docstring).
+MIN_ROUNDS, MAX_ROUNDS = 3, 5
+ROUNDS_BUDGET_S = {"cpu": 13 * 60.0, "cuda": 9 * 60.0}
 
 
 def every_other(axis: list[int]) -> list[int]:
@@ -156,7 +163,9 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="auto: fp32 on the CPU, bf16 on CUDA")
     parser.add_argument("--quick", action="store_true", help="a coarser grid and one round (at most 3 minutes here)")
     parser.add_argument("--out", type=Path, help="bundle folder (default calibration/<cpu|gpu name>/<model>)")
-    parser.add_argument("--rounds", type=int, help="timing rounds per point, the median kept (default 3, quick 1)")
+    parser.add_argument("--rounds", type=int,
+                        help=f"timing rounds per point, the median kept (default {MIN_ROUNDS}, and up to {MAX_ROUNDS} "
+                             f"while another fits the time limit; quick 1)")
     parser.add_argument("--operators", help="comma-separated subset of operators (default all)")
     parser.add_argument("--refit", type=Path, metavar="BUNDLE",
                         help="keep BUNDLE's operator times and redo only the engine fits (after an engine change)")
@@ -243,8 +252,8 @@ def calibrate_command(args) -> int:
         if unknown:
             raise ScenarioError("--operators", f"unknown operator {unknown[0]!r} (choose from {', '.join(grid)})")
         grid = {op: grid[op] for op in wanted}
-    rounds = args.rounds or (1 if args.quick else 3)
     started = time.perf_counter()
+    rounds, max_rounds = (args.rounds, args.rounds) if args.rounds else (1, 1) if args.quick else (MIN_ROUNDS, MAX_ROUNDS)
     if args.refit is not None:
         frame, meta = reuse_operators(args.refit, config, dtype_name, device_name)
         grid = grid_of(meta)
@@ -269,10 +278,11 @@ def calibrate_command(args) -> int:
     else:
         rng = np.random.default_rng(args.seed)
         held = held_out_points(grid, rng, per_op=3 if args.quick else 6)
-        frame = measure_operators(config, dtype, device, grid, held, rounds, args.seed,
-                                  after_round=probe.measure_round if probe is not None else None,
-                                  within_round=probe.measure_decode_burst if probe is not None else None,
-                                  within_round_calls=DECODE_BURSTS_WITHIN_ROUND)
+        frame, rounds = measure_operators(config, dtype, device, grid, held, rounds, args.seed,
+                                          after_round=probe.measure_round if probe is not None else None,
+                                          within_round=probe.measure_decode_burst if probe is not None else None,
+                                          within_round_calls=DECODE_BURSTS_WITHIN_ROUND, max_rounds=max_rounds,
+                                          deadline=started + ROUNDS_BUDGET_S[device])
         meta = bundle_meta(args, config, model_name, dtype_name, device, device_name, grid, rounds)
     fits, forward_checks = {}, []
     if probe is not None:
@@ -329,11 +339,13 @@ def evenly_spaced_positions(points: int, calls: int) -> list[int]:
 
 
 def measure_operators(config, dtype, device, grid, held, rounds, seed, after_round=None, within_round=None,
-                      within_round_calls: int = 0):
+                      within_round_calls: int = 0, max_rounds: int | None = None, deadline: float | None = None):
     """Time every grid and held-out point `rounds` times in shuffled order, calling `after_round()`
     after each round (the engine's whole forwards) and `within_round()` `within_round_calls` times
-    evenly spaced through it (more bursts of the decode forwards); one row per point: the median
-    round (`seconds`), every round (`round_seconds`) and their range over the median (`spread`)."""
+    evenly spaced through it (more bursts of the decode forwards); then more rounds, up to
+    `max_rounds`, while one as long as the longest so far ends before `deadline` (a
+    time.perf_counter() value). Returns one row per point, the median round (`seconds`), every
+    round (`round_seconds`) and their range over the median (`spread`), and the rounds timed."""
     import numpy as np
     import pandas as pd
     import torch
@@ -358,8 +370,15 @@ def measure_operators(config, dtype, device, grid, held, rounds, seed, after_rou
         if device == "cpu" else None
     # Spread through the round, the extra bursts meet the machine in the states the operators do.
     within_at = evenly_spaced_positions(len(unique), within_round_calls if within_round is not None else 0)
+    max_rounds = max(rounds, max_rounds or rounds)
+    longest_round_s, r = 0.0, 0
     with torch.inference_mode(), tqdm(total=len(unique) * rounds, desc="calibrate", unit="point") as bar:
-        for r in range(rounds):
+        while r < rounds or (r < max_rounds and deadline is not None
+                             and time.perf_counter() + longest_round_s <= deadline):
+            if r == bar.total // len(unique):         # a round beyond the planned ones
+                bar.total += len(unique)
+                bar.refresh()
+            round_started = time.perf_counter()
             order = rng.permutation(len(unique))
             for position, i in enumerate(order):
                 for _ in range(within_at.count(position)):
@@ -377,6 +396,8 @@ def measure_operators(config, dtype, device, grid, held, rounds, seed, after_rou
                 bar.set_postfix_str(f"engine round {r + 1}")
                 after_round()
                 bar.set_postfix_str("")
+            longest_round_s = max(longest_round_s, time.perf_counter() - round_started)
+            r += 1
     rows = []
     for (op, point, held_out), timings in times.items():
         p = dict(point)
@@ -399,7 +420,7 @@ def measure_operators(config, dtype, device, grid, held, rounds, seed, after_rou
                 row = source.iloc[0].to_dict()
                 row["kv"] = p["kv"]
                 frame = pd.concat([frame, pd.DataFrame([row])], ignore_index=True)
-    return frame.sort_values(["op", "held_out", *DIMS]).reset_index(drop=True)
+    return frame.sort_values(["op", "held_out", *DIMS]).reset_index(drop=True), r
 
 
 # Host-side operators whose inputs a real step has just produced (warm in cache).

@@ -79,6 +79,7 @@ class EngineProbe:
         # The machine probe (profiler/machine_probe.py) once a round: the speed this bundle was
         # measured at, which a live run's own probe is compared with (sim/machine_speed.py).
         self.machine_probe: list[dict] = []
+        self.timing_cache: list[tuple] | None = None      # install_timing_cache
 
     def measure_round(self) -> None:
         """One round: every whole-forward shape and check, a decoding run per batch, and selection
@@ -88,10 +89,9 @@ class EngineProbe:
         from profiler.speculative import speculative_generate
         from profiler.timing import timed_forwards
 
-        for shape, times in self.forward_s.items():
-            times.append(self.time_forward(*shape))
-        for check, times in self.check_s.items():
-            times.append(self.time_forward(*check))
+        seconds = self.time_forwards([*self.forward_s, *self.check_s])
+        for shape, times in [*self.forward_s.items(), *self.check_s.items()]:
+            times.append(seconds[shape])
         # Host time per step: a decoding run's wall time minus its forwards (timed by hooks on the
         # model, synchronized); the acceptance the cost model adds on its own comes off in `fit`.
         prompt_tokens, new_tokens = 128, 12 if self.quick else 24
@@ -112,22 +112,57 @@ class EngineProbe:
         from profiler.machine_probe import measure_probe
 
         self.machine_probe.append(measure_probe(self.model, self.config, self.device, self.seed))
-        self.model.setup_cache(1, 1)     # the largest caches released between rounds
+        self.model.setup_cache(1, 1)     # the decoding runs' and selection's caches released
 
     def measure_decode_burst(self) -> None:
         """One more burst of every decode forward of the factor's table (batch = tokens <= 16, one
         query token, each KV column), added to their rounds: each is the median over all bursts."""
+        seconds = self.time_forwards(self.decode_shapes)
         for shape in self.decode_shapes:
-            self.forward_s[shape].append(self.time_forward(*shape))
-        self.model.setup_cache(1, 1)
+            self.forward_s[shape].append(seconds[shape])
+
+    def time_forwards(self, shapes: list[tuple[int, int, int]]) -> dict[tuple, float]:
+        """Seconds of a whole forward at each (batch, query, kv), all on the probe's one timing
+        cache (`install_timing_cache`): a forward reads only its own rows and slots of it, as in
+        the live engine, whose cache is sized for a whole run. A zeroed cache allocated per shape
+        had taken a tenth of a calibration round here, most of it the kernel's first touch of the
+        new pages."""
+        self.install_timing_cache(max(b for b, _, _ in shapes), max(kv for _, _, kv in shapes) + 1)
+        return {shape: self.time_forward(*shape) for shape in shapes}
+
+    def install_timing_cache(self, batch: int, slots: int) -> None:
+        """Point every layer at the probe's KV caches [rows, H_kv, slots, D], made once (of the
+        largest batch and KV the probe times, or larger when asked) and kept for the whole
+        calibration, holding random values: the same in every layer, since only where a forward
+        reads them matters to its time."""
+        import torch
+
+        model = self.model
+        if model.rope.numel() == 0:
+            model.setup_cache(1, 1)              # the rotary table
+        have = self.timing_cache[0][0].shape if self.timing_cache else None
+        if have is None or have[0] < batch or have[2] < slots:
+            self.timing_cache = None
+            model.setup_cache(1, 1)              # the old one released before the new is made
+            shapes = [*self.forward_s, *self.check_s]
+            rows = max([batch, *(b for b, _, _ in shapes)])
+            slots = max([slots, *(kv + 1 for _, _, kv in shapes)])
+            c, weight = self.config, model.lm_head.weight
+            shape = (rows, c.kv_heads, slots, c.head_dim)
+            values = torch.randn(shape, generator=self.generator).to(weight.device, weight.dtype)
+            self.timing_cache = [(values.clone(), values.clone()) for _ in model.layers]
+        for layer, (keys, values) in zip(model.layers, self.timing_cache):
+            layer.attention.k_cache, layer.attention.v_cache = keys, values
+            layer.attention.block_max = layer.attention.block_min = None
 
     def time_forward(self, batch: int, query: int, kv: int) -> float:
+        """Seconds of one whole forward on the caches in place (at least `batch` rows and kv + 1
+        slots: see time_forwards)."""
         import torch
 
         from profiler.timing import time_call
 
         config, device = self.config, self.device
-        self.model.setup_cache(batch, kv + 1)
         tokens = torch.randint(0, config.vocab, (batch, query), generator=self.generator).to(device)
         positions = (kv - query + torch.arange(query)).expand(batch, query).to(device)
         logits_at = torch.full((batch,), query - 1, device=device) if query > 64 else None

@@ -427,11 +427,73 @@ def test_refit_keeps_the_operator_times_and_redoes_the_engine_fits(tiny_bundle, 
     assert run.stderr.count("\n") == 1
 
 
+@pytest.mark.parametrize("max_rounds, budget_s, expected", [(None, 1e6, 2), (4, 1e6, 4), (4, -1.0, 2), (1, 1e6, 2)])
+def test_more_rounds_while_one_more_fits_the_deadline(tmp_path, max_rounds, budget_s, expected):
+    """At least the planned rounds, then more up to max_rounds while one more ends in time; each
+    round ends with the engine's (after_round) and every point keeps every round."""
+    torch = pytest.importorskip("torch")
+    import time
+
+    from profiler.calibrate import measure_operators
+    from profiler.loaders import hf_llama_config
+
+    config_path = tmp_path / "config.json"
+    config_path.write_text(json.dumps(TINY))
+    grid = {"linear.o": {"tokens": [1, 4]}, "accept": {"batch": [1, 2], "tokens": [1, 3]}}
+    held = {"linear.o": [{"tokens": 2}]}
+    engine_rounds = []
+    frame, rounds = measure_operators(hf_llama_config(config_path), torch.float32, "cpu", grid, held, 2, 0,
+                                      after_round=lambda: engine_rounds.append(1), max_rounds=max_rounds,
+                                      deadline=time.perf_counter() + budget_s)
+    assert rounds == expected and len(engine_rounds) == expected
+    assert len(frame) == 7 and all(len(r) == expected for r in frame.round_seconds)
+
+
 def test_extra_bursts_are_spread_evenly_through_a_round_and_none_is_lost():
     assert evenly_spaced_positions(100, 2) == [33, 66]
     assert evenly_spaced_positions(3, 2) == [1, 2]
     assert evenly_spaced_positions(1, 2) == [0, 0]           # fewer points than calls: both still run
     assert evenly_spaced_positions(100, 0) == []
+
+
+def test_whole_forwards_are_timed_on_one_random_cache_kept_for_the_calibration(tmp_path):
+    """EngineProbe's forwards read one set of KV caches made once, of the largest batch and KV it
+    times, holding random values (never zeros); a larger shape than planned gets a larger one."""
+    torch = pytest.importorskip("torch")
+    from profiler.engine_fits import EngineProbe
+    from profiler.loaders import hf_llama_config
+
+    config_path = tmp_path / "config.json"
+    config_path.write_text(json.dumps(TINY))
+    probe = EngineProbe(hf_llama_config(config_path), torch.float32, "cpu", 0, quick=True, selection=False)
+    planned = [*probe.forward_s, *probe.check_s]
+    shapes = [(3, 1, 100), (1, 1, 256), (2, 4, 300)]
+    seconds = probe.time_forwards(shapes)
+    assert set(seconds) == set(shapes) and all(s > 0 for s in seconds.values())
+    keys = probe.timing_cache[0][0]
+    assert keys.shape[0] == max(b for b, _, _ in planned) and keys.shape[2] == max(kv for _, _, kv in planned) + 1
+    assert keys.abs().min() > 0 and keys.std() > 0.5           # random values, no zeros
+    layers = probe.model.layers
+    assert layers[1].attention.k_cache is probe.timing_cache[1][0] and keys is not probe.timing_cache[1][0]
+    probe.model.setup_cache(1, 1)        # what the decoding runs between bursts do
+    probe.time_forwards([(1, 1, 200)])
+    assert probe.timing_cache[0][0] is keys and layers[0].attention.k_cache is keys     # kept, put back
+    beyond = keys.shape[2] + 10
+    probe.time_forwards([(1, 1, beyond)])
+    assert probe.timing_cache[0][0].shape[2] == beyond + 1
+
+
+def test_quantized_operator_copies_are_clones_in_their_own_memory():
+    torch = pytest.importorskip("torch")
+    from profiler.shadow import QuantLinear
+
+    layer = torch.nn.Linear(128, 32, bias=False)
+    first = QuantLinear(layer, 4, 64, use_kernel=False)
+    twin = first.clone()
+    x = torch.randn(3, 128)
+    assert torch.equal(first(x), twin(x))
+    assert twin.dense.data_ptr() != first.dense.data_ptr()
+    assert all(twin.packed[k].data_ptr() != first.packed[k].data_ptr() for k in ("codes", "scale", "zero"))
 
 
 def test_inspect_prints_achieved_rates(tiny_bundle):

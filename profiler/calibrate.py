@@ -17,7 +17,9 @@ calibration bundle (DIR/profile.parquet + DIR/meta.json) for the simulator's cal
    there: the median of 1, 2 and 3 rounds gives 5.1%, 4.7% and 3.2% in the committed bundle
    (averaged over the choices of rounds; 5.9%, 5.4%, 5.5% in the 01:59 one); on the slower VM of
    2026-11-30, 3 of 5 rounds gave 9.9% (7.8-12.5% by which 3) and all 5 7.8%, in 953 s
-   (`benchmarks/calibration_repeatability.py`). Two calibrations of one machine time the same
+   (`benchmarks/calibration_repeatability.py`). So a full calibration times at least 3 rounds
+   and goes on to 4 or 5 while one more still ends within its time budget (MIN_ROUNDS,
+   MAX_ROUNDS, ROUNDS_BUDGET_S). Two calibrations of one machine time the same
    point 2.0-3.6% apart (median; 8.2-13.3% on 2026-11-30), the floor under any held-out error.
 2. Whole forwards against the composed operators: the factor measured / composed against the
    forward's query tokens and KV tokens (decode batches 1-16 and verification at KV 256, 1024 and
@@ -253,7 +255,10 @@ def calibrate_command(args) -> int:
             raise ScenarioError("--operators", f"unknown operator {unknown[0]!r} (choose from {', '.join(grid)})")
         grid = {op: grid[op] for op in wanted}
     started = time.perf_counter()
-    rounds, max_rounds = (args.rounds, args.rounds) if args.rounds else (1, 1) if args.quick else (MIN_ROUNDS, MAX_ROUNDS)
+    if args.rounds:
+        rounds = max_rounds = args.rounds
+    else:
+        rounds, max_rounds = (1, 1) if args.quick else (MIN_ROUNDS, MAX_ROUNDS)
     if args.refit is not None:
         frame, meta = reuse_operators(args.refit, config, dtype_name, device_name)
         grid = grid_of(meta)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from profiler.calibrate import evenly_spaced_positions
 from profiler.engine_fits import DECODE_BURSTS_WITHIN_ROUND, DECODE_TOKENS
-from sim.cost.bundle import HELD_OUT_TARGET, load_bundle, model_hash, round_spread
+from sim.cost.bundle import HELD_OUT_TARGET, expected_range, load_bundle, model_hash, round_spread, rounds_note
 from sim.cost.table import OperatorTable
 from sim.errors import ScenarioError
 from sim.simulate import simulate
@@ -251,6 +251,12 @@ def test_round_spread_is_the_median_span_of_timed_points_with_rounds():
     # The copy below prefill's diagonal (kv < query) is no timing of its own: median of 1, 0, 0.2, 0.3.
     assert round_spread(frame, rounds=3) == pytest.approx(0.25)
     assert round_spread(frame, rounds=1) is None         # one round: `spread` is within that round
+    # More rounds span more for the same noise: put at three rounds by the normal range's d2(n)
+    # (the control-chart constants 1.128, 1.693, 2.059, 2.326).
+    assert [round(expected_range(n), 3) for n in (2, 3, 4, 5)] == [1.128, 1.693, 2.059, 2.326]
+    assert round_spread(frame, rounds=5) == pytest.approx(0.25 * 1.6926 / 2.3259, rel=1e-4)
+    assert round_spread(frame, rounds=2) == pytest.approx(0.25 * 1.6926 / 1.1284, rel=1e-4)
+    assert rounds_note(3) == "" and rounds_note(5) == " (put at three rounds; 5 timed)"
 
 
 def test_bundle_above_the_held_out_target_is_a_warning_with_its_timing_noise(tmp_path):
@@ -271,10 +277,12 @@ def test_calibration_summary_reports_timing_noise_and_a_missed_target():
     from profiler.calibrate import format_calibration_summary
 
     meta = {"device": {"name": "cpu"}, "dtype": "fp32", "model": {"name": "m"}, "duration_s": 600.0, "fits": {},
-            "held_out": {"median_abs_error": 0.04, "p90_abs_error": 0.1, "max_abs_error": 0.2, "points": 10,
-                         "round_spread": 0.153}}
+            "rounds": 3, "held_out": {"median_abs_error": 0.04, "p90_abs_error": 0.1, "max_abs_error": 0.2,
+                                      "points": 10, "round_spread": 0.153}}
     summary = format_calibration_summary(Path("b"), meta)
-    assert "timing noise: the rounds of one point span a median 15.3% of its time" in summary
+    assert "timing noise: the rounds of one point span a median 15.3% of its time\n" in summary + "\n"
+    meta["rounds"] = 4
+    assert "15.3% of its time (put at three rounds; 4 timed)" in format_calibration_summary(Path("b"), meta)
     assert "note:" not in summary
     meta["held_out"]["median_abs_error"] = 0.056
     assert "note: the held-out error is above its target (5%)" in format_calibration_summary(Path("b"), meta)

@@ -151,8 +151,8 @@ class EngineProbe:
             shape = (rows, c.kv_heads, slots, c.head_dim)
             values = torch.randn(shape, generator=self.generator).to(weight.device, weight.dtype)
             self.timing_cache = [(values.clone(), values.clone()) for _ in model.layers]
-        for layer, (keys, values) in zip(model.layers, self.timing_cache):
-            layer.attention.k_cache, layer.attention.v_cache = keys, values
+        for layer, (k_cache, v_cache) in zip(model.layers, self.timing_cache):
+            layer.attention.k_cache, layer.attention.v_cache = k_cache, v_cache
             layer.attention.block_max = layer.attention.block_min = None
 
     def time_forward(self, batch: int, query: int, kv: int) -> float:

@@ -343,6 +343,15 @@ def evenly_spaced_positions(points: int, calls: int) -> list[int]:
     return [points * (k + 1) // (calls + 1) for k in range(calls)]
 
 
+def another_round(done: int, rounds: int, max_rounds: int, now_s: float, longest_round_s: float,
+                  deadline: float | None) -> bool:
+    """Whether to time another round after `done`: always below `rounds`; below `max_rounds` if
+    one as long as the longest so far ends by `deadline` (perf_counter seconds; None: never)."""
+    if done < rounds:
+        return True
+    return done < max_rounds and deadline is not None and now_s + longest_round_s <= deadline
+
+
 def measure_operators(config, dtype, device, grid, held, rounds, seed, after_round=None, within_round=None,
                       within_round_calls: int = 0, max_rounds: int | None = None, deadline: float | None = None):
     """Time every grid and held-out point `rounds` times in shuffled order, calling `after_round()`
@@ -378,8 +387,7 @@ def measure_operators(config, dtype, device, grid, held, rounds, seed, after_rou
     max_rounds = max(rounds, max_rounds or rounds)
     longest_round_s, r = 0.0, 0
     with torch.inference_mode(), tqdm(total=len(unique) * rounds, desc="calibrate", unit="point") as bar:
-        while r < rounds or (r < max_rounds and deadline is not None
-                             and time.perf_counter() + longest_round_s <= deadline):
+        while another_round(r, rounds, max_rounds, time.perf_counter(), longest_round_s, deadline):
             if r == bar.total // len(unique):         # a round beyond the planned ones
                 bar.total += len(unique)
                 bar.refresh()

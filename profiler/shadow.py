@@ -32,12 +32,7 @@ class QuantLinear(nn.Module):
 
     def clone(self) -> "QuantLinear":
         """The same layer in new memory (calibration's copies of one operator)."""
-        twin = QuantLinear.__new__(QuantLinear)
-        nn.Module.__init__(twin)
-        twin.packed = {k: v.clone() if isinstance(v, Tensor) else v for k, v in self.packed.items()}
-        twin.use_kernel = self.use_kernel
-        twin.dense = None if self.dense is None else self.dense.clone()
-        return twin
+        return copy.deepcopy(self)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.use_kernel:

@@ -256,7 +256,7 @@ def test_round_spread_is_the_median_span_of_timed_points_with_rounds():
     assert [round(expected_range(n), 3) for n in (2, 3, 4, 5)] == [1.128, 1.693, 2.059, 2.326]
     assert round_spread(frame, rounds=5) == pytest.approx(0.25 * 1.6926 / 2.3259, rel=1e-4)
     assert round_spread(frame, rounds=2) == pytest.approx(0.25 * 1.6926 / 1.1284, rel=1e-4)
-    assert rounds_note(3) == "" and rounds_note(5) == " (put at three rounds; 5 timed)"
+    assert rounds_note(3) == "" and rounds_note(5) == " (scaled to three rounds; 5 timed)"
 
 
 def test_bundle_above_the_held_out_target_is_a_warning_with_its_timing_noise(tmp_path):
@@ -271,6 +271,13 @@ def test_bundle_above_the_held_out_target_is_a_warning_with_its_timing_noise(tmp
         expected = (f"calibration {bundle} holds out within a median 8.0% (target 5%); its timing rounds of one "
                     f"point spanned a median {noise:.1%}")
         assert warnings == ([expected] if warned else [])
+    # A bundle of five rounds: its figure scaled to three, and said so.
+    meta["held_out"]["median_abs_error"], meta["rounds"] = 0.08, 5
+    (bundle / "meta.json").write_text(json.dumps(meta))
+    warnings = simulate(smollm2_scenario(calibration=str(bundle))).provenance["warnings"]
+    assert warnings == [f"calibration {bundle} holds out within a median 8.0% (target 5%); its timing rounds of one "
+                        f"point spanned a median {noise * expected_range(3) / expected_range(5):.1%} "
+                        f"(scaled to three rounds; 5 timed)"]
 
 
 def test_calibration_summary_reports_timing_noise_and_a_missed_target():
@@ -282,7 +289,7 @@ def test_calibration_summary_reports_timing_noise_and_a_missed_target():
     summary = format_calibration_summary(Path("b"), meta)
     assert "timing noise: the rounds of one point span a median 15.3% of its time\n" in summary + "\n"
     meta["rounds"] = 4
-    assert "15.3% of its time (put at three rounds; 4 timed)" in format_calibration_summary(Path("b"), meta)
+    assert "15.3% of its time (scaled to three rounds; 4 timed)" in format_calibration_summary(Path("b"), meta)
     assert "note:" not in summary
     meta["held_out"]["median_abs_error"] = 0.056
     assert "note: the held-out error is above its target (5%)" in format_calibration_summary(Path("b"), meta)
@@ -455,6 +462,36 @@ def test_more_rounds_while_one_more_fits_the_deadline(tmp_path, max_rounds, budg
                                       deadline=time.perf_counter() + budget_s)
     assert rounds == expected and len(engine_rounds) == expected
     assert len(frame) == 7 and all(len(r) == expected for r in frame.round_seconds)
+
+
+def test_another_round_only_while_one_as_long_as_the_longest_ends_in_time():
+    from profiler.calibrate import another_round
+
+    assert another_round(2, 3, 5, now_s=100.0, longest_round_s=50.0, deadline=0.0)        # below the minimum
+    assert another_round(3, 3, 5, now_s=100.0, longest_round_s=50.0, deadline=150.0)      # ends just in time
+    assert not another_round(3, 3, 5, now_s=100.0, longest_round_s=50.1, deadline=150.0)
+    assert not another_round(5, 3, 5, now_s=0.0, longest_round_s=1.0, deadline=1e9)       # at the maximum
+    assert not another_round(3, 3, 5, now_s=0.0, longest_round_s=1.0, deadline=None)      # no deadline: fixed
+
+
+def test_quantized_operator_copies_on_one_bench_are_clones(tmp_path):
+    torch = pytest.importorskip("torch")
+    from profiler.loaders import hf_llama_config
+    from profiler.operators import OPERATORS, Bench, random_pool
+
+    config_path = tmp_path / "config.json"
+    config_path.write_text(json.dumps(TINY))
+    bench = Bench(hf_llama_config(config_path), torch.float32, "cpu", torch.Generator().manual_seed(0),
+                  random_pool(1 << 16, torch.float32, "cpu", 0))
+    first, second = (OPERATORS["int4.gate_up"].build(bench, {"tokens": 2}) for _ in range(2))
+    int8 = OPERATORS["int8.gate_up"].build(bench, {"tokens": 2})
+    from profiler.shadow import QuantLinear
+
+    # Each built operator is `lambda: layer(x)`: its layer is in the closure.
+    layers = [next(c.cell_contents for c in fn.__closure__ if isinstance(c.cell_contents, QuantLinear))
+              for fn in (first, second, int8)]
+    assert torch.equal(layers[0].dense, layers[1].dense) and layers[0].dense.data_ptr() != layers[1].dense.data_ptr()
+    assert layers[2].packed["bits"] == 8 and not torch.equal(layers[2].dense, layers[0].dense)
 
 
 def test_extra_bursts_are_spread_evenly_through_a_round_and_none_is_lost():

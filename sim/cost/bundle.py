@@ -16,6 +16,8 @@ profile.parquet, one row per measurement:
 """
 from __future__ import annotations
 
+import functools
+
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -144,7 +146,10 @@ def _load(folder: Path, stamp: tuple) -> Bundle:
                   for name, spec in meta["grid"].items()}
         for key in ("model", "dtype", "device"):
             meta[key]
-        bundle = Bundle(folder, meta, tables, meta.get("fits", {}), round_spread(frame, int(meta["rounds"])))
+        # A transformers black-box bundle keeps each point's best round and the spread within it:
+        # no range over rounds to report.
+        noise = round_spread(frame, int(meta["rounds"])) if meta.get("engine", "profiler.live") == "profiler.live" else None
+        bundle = Bundle(folder, meta, tables, meta.get("fits", {}), noise)
         bundle.forward_factor()
         bundle.selection_factor()
     except (KeyError, TypeError, ValueError) as exc:
@@ -174,9 +179,10 @@ def round_spread(frame, rounds: int) -> float | None:
 
 def rounds_note(rounds: int) -> str:
     """What follows a round_spread figure of a bundle of `rounds` rounds where it was scaled."""
-    return "" if rounds == 3 else f" (put at three rounds; {rounds} timed)"
+    return "" if rounds == 3 else f" (scaled to three rounds; {rounds} timed)"
 
 
+@functools.lru_cache(maxsize=None)
 def expected_range(n: int) -> float:
     """d2(n): the expected range of n independent standard normal draws,
     the integral over x of 1 - Phi(x)^n - (1 - Phi(x))^n."""

@@ -3,7 +3,7 @@
     python benchmarks/decode_forward_level.py [--batch 1 8] [--kv 576] [--rounds 4]
 
 `profiler calibrate` prices a decode forward from bursts of the same forward (about 0.3 s of
-calls on a cache of random values, `EngineProbe.time_forwards`), in rounds minutes apart.
+calls on a cache of random values, `EngineProbe.time_forward`), in rounds minutes apart.
 A live run decodes step after step, its cache sized for the whole generation and growing, with
 sampling and bookkeeping between forwards. This benchmark alternates, in one process and over a
 few minutes, a calibration burst at (batch, 1 query token, KV) and a greedy decoding run at the
@@ -51,7 +51,7 @@ def main() -> int:
     ratios: dict[int, list[float]] = {b: [] for b in args.batch}
     for round_index in range(args.rounds):
         for batch in args.batch:
-            burst_s = probe.time_forwards([(batch, 1, args.kv)])[(batch, 1, args.kv)]
+            burst_s = probe.time_forward(batch, 1, args.kv)
             prompt = args.kv - args.new_tokens // 2     # the run's median step reads about --kv tokens
             prompts = torch.randint(0, config.vocab, (batch, prompt), generator=generator).tolist()
             with torch.inference_mode(), timed_forwards(probe.model) as forward_s:

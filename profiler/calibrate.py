@@ -51,7 +51,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from profiler.engine_fits import DECODE_BURSTS_WITHIN_ROUND
-from sim.cost.bundle import HELD_OUT_TARGET, round_spread, rounds_note
+from sim.cost.bundle import HELD_OUT_TARGET, round_spread, timing_noise_line
 from sim.errors import ScenarioError
 
 # Axes per operator. Full: geometric steps of at most 2 (1.5 at small token counts, where the
@@ -388,7 +388,7 @@ def measure_operators(config, dtype, device, grid, held, rounds, seed, after_rou
     longest_round_s, r = 0.0, 0
     with torch.inference_mode(), tqdm(total=len(unique) * rounds, desc="calibrate", unit="point") as bar:
         while another_round(r, rounds, max_rounds, time.perf_counter(), longest_round_s, deadline):
-            if r == bar.total // len(unique):         # a round beyond the planned ones
+            if r >= rounds:                           # a round beyond the planned ones
                 bar.total += len(unique)
                 bar.refresh()
             round_started = time.perf_counter()
@@ -566,8 +566,7 @@ def format_calibration_summary(out: Path, meta: dict) -> str:
              f"held-out error of the tables: median {percent(held['median_abs_error'])}, P90 "
              f"{percent(held['p90_abs_error'])}, worst {percent(held['max_abs_error'])} over {held['points']} points"]
     if held.get("round_spread") is not None:
-        lines.append(f"timing noise: the rounds of one point span a median {held['round_spread']:.1%} of its time"
-                     f"{rounds_note(int(meta['rounds']))}")
+        lines.append(timing_noise_line(held["round_spread"], int(meta["rounds"])))
     if held["median_abs_error"] is not None and held["median_abs_error"] > HELD_OUT_TARGET:
         lines.append(f"note: the held-out error is above its target ({HELD_OUT_TARGET:.0%}); the larger the timing noise, "
                      f"the more the machine moved under the timings (docs/validation.md): calibrate again when it is quieter")

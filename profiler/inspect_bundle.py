@@ -19,7 +19,7 @@ def add_inspect_arguments(parser: argparse.ArgumentParser) -> None:
 def inspect_command(args) -> int:
     import pandas as pd
 
-    from sim.cost.bundle import load_bundle, rounds_note
+    from sim.cost.bundle import load_bundle, timing_noise_line
     from sim.presets.hardware import HARDWARE
 
     bundle = load_bundle(args.bundle)
@@ -56,8 +56,7 @@ def inspect_command(args) -> int:
               f"{held['max_abs_error']:.1%} over {held['points']} points; whole forwards: median "
               f"{held['forward_median_abs_error']:.1%}")
     if bundle.round_spread is not None:
-        print(f"timing noise: the rounds of one point span a median {bundle.round_spread:.1%} of its time"
-              f"{rounds_note(int(bundle.meta['rounds']))}")
+        print(timing_noise_line(bundle.round_spread, int(bundle.meta["rounds"])))
     fits = meta.get("fits", {})
     if fits:
         print(f"fitted engine host time per step: "

@@ -17,7 +17,6 @@ profile.parquet, one row per measurement:
 from __future__ import annotations
 
 import functools
-
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -148,7 +147,8 @@ def _load(folder: Path, stamp: tuple) -> Bundle:
             meta[key]
         # A transformers black-box bundle keeps each point's best round and the spread within it:
         # no range over rounds to report.
-        noise = round_spread(frame, int(meta["rounds"])) if meta.get("engine", "profiler.live") == "profiler.live" else None
+        live = meta.get("engine", "profiler.live") == "profiler.live"
+        noise = round_spread(frame, int(meta["rounds"])) if live else None
         bundle = Bundle(folder, meta, tables, meta.get("fits", {}), noise)
         bundle.forward_factor()
         bundle.selection_factor()
@@ -180,6 +180,11 @@ def round_spread(frame, rounds: int) -> float | None:
 def rounds_note(rounds: int) -> str:
     """What follows a round_spread figure of a bundle of `rounds` rounds where it was scaled."""
     return "" if rounds == 3 else f" (scaled to three rounds; {rounds} timed)"
+
+
+def timing_noise_line(spread: float, rounds: int) -> str:
+    """The line `profiler calibrate` and `profiler inspect` print for a bundle's round_spread."""
+    return f"timing noise: the rounds of one point span a median {spread:.1%} of its time{rounds_note(rounds)}"
 
 
 @functools.lru_cache(maxsize=None)

@@ -119,13 +119,12 @@ def _quant_op(name: str, bits: int, group_size: int = 64) -> Operator:
         # Quantizing is most of a build's time (21 s of a 237 s calibration round here, under
         # cProfile, when each of build_cold's copies quantized its own weights): the copies of one
         # point are clones of the first, each its own allocation, which is what the copies are for.
-        first = bench.built.get((bits, name))
-        if first is None:
-            first = bench.built[(bits, name)] = QuantLinear(bench.linear(n_in, n_out), bits, group_size,
-                                                    use_kernel=bench.device == "cuda")
-            layer = first
+        key = (bits, name)
+        if key in bench.built:
+            layer = bench.built[key].clone()
         else:
-            layer = first.clone()
+            layer = bench.built[key] = QuantLinear(bench.linear(n_in, n_out), bits, group_size,
+                                                   use_kernel=bench.device == "cuda")
         x = bench.randn(1, p["tokens"], n_in)
         return lambda: layer(x)
 

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import torch
 
-from profiler.gguf_loader import load_gguf, smollm2_path
+from profiler.engine.gguf_loader import load_gguf, smollm2_path
 
 
 def measured_read_bandwidth_gb_s(repeats: int = 5) -> float:

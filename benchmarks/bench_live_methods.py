@@ -32,7 +32,7 @@ METHODS = {
 def make(spec: dict, model):
     import copy
 
-    from profiler.drafters import DraftModelDrafter, NgramDrafter, SelfDrafter, ShadowDrafter
+    from profiler.engine.drafters import DraftModelDrafter, NgramDrafter, SelfDrafter, ShadowDrafter
 
     method = spec["method"]
     if method == "ngram":
@@ -59,11 +59,11 @@ def main() -> None:
     args = parser.parse_args()
     import gguf
 
-    from profiler.gguf_loader import load_gguf, smollm2_path
-    from profiler.partial import PartialSpec
-    from profiler.speculative import speculative_generate
-    from profiler.tokenizer import tokenizer_from_gguf
-    from profiler.tree import TreeShape
+    from profiler.engine.gguf_loader import load_gguf, smollm2_path
+    from profiler.engine.partial import PartialSpec
+    from profiler.engine.speculative import speculative_generate
+    from profiler.engine.tokenizer import tokenizer_from_gguf
+    from profiler.engine.tree import TreeShape
 
     torch.set_num_threads(args.threads)
     loaded = load_gguf(smollm2_path(), torch.float32 if args.dtype == "fp32" else torch.bfloat16)

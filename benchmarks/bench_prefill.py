@@ -12,9 +12,9 @@ import time
 
 import torch
 
-from profiler.generate import prefill_logits
-from profiler.gguf_loader import load_gguf, smollm2_path
-from profiler.model import causal_mask
+from profiler.engine.generate import prefill_logits
+from profiler.engine.gguf_loader import load_gguf, smollm2_path
+from profiler.engine.model import causal_mask
 
 
 def timed_s(fn) -> tuple[float, torch.Tensor]:

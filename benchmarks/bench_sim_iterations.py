@@ -18,7 +18,7 @@ import numpy as np
 import sim
 from sim.cost.memory import plan_memory
 from sim.cost.stack import build_stacks
-from sim.simulate import run_engine
+from sim.simulate import run_pipeline
 from sim.workload import build_requests
 
 SCENARIO = {
@@ -55,7 +55,7 @@ def main() -> None:
     for _ in range(args.repeats):
         start = time.perf_counter()
         for config, stacks, memory in prepared:
-            run_engine(config, requests, stacks, memory)
+            run_pipeline(config, requests, stacks, memory)
         engine_only.append(time.perf_counter() - start)
 
     # Where the time goes: each run's cost per iteration in the main scenario, and in a decode-only
@@ -70,8 +70,8 @@ def main() -> None:
         dmemory = plan_memory(dconfig, dstacks, decode_requests.max_tokens + 4, 64)
         for name, cfg, reqs, stk, mem in (("main", config, requests, stacks, memory),
                                           ("decode_only", dconfig, decode_requests, dstacks, dmemory)):
-            iterations_run = len(run_engine(cfg, reqs, stk, mem)[0].step_s)
-            best_s = min(_timed(lambda: run_engine(cfg, reqs, stk, mem)) for _ in range(args.repeats))
+            iterations_run = len(run_pipeline(cfg, reqs, stk, mem)[0].step_s)
+            best_s = min(_timed(lambda: run_pipeline(cfg, reqs, stk, mem)) for _ in range(args.repeats))
             us_per_iteration[f"{name}_{label}"] = best_s / iterations_run * 1e6
 
     report = {

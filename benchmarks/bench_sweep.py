@@ -64,10 +64,10 @@ def main() -> None:
     parser.add_argument("--skip-default", action="store_true", help="do not time the default study")
     args = parser.parse_args()
 
-    from sim.scenario import load_scenario
+    from sim.scenario.schema import load_scenario
     from sim.simulate import baseline_key
-    from sim.study import expand_points, load_study
-    from sim.sweep_store import read_table
+    from sim.sweep.study import expand_points, load_study
+    from sim.sweep.store import read_table
 
     study = STUDY
     if args.limit:

@@ -9,8 +9,8 @@ python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3
   --platform manylinux_2_17_x86_64 -d gpu-wheels simpy gguf pydantic pydantic-core annotated-types typing-inspection
 python3 -c "
 import gguf
-from profiler.gguf_loader import smollm2_path
-from profiler.tokenizer import tokenizer_from_gguf
+from profiler.engine.gguf_loader import smollm2_path
+from profiler.engine.tokenizer import tokenizer_from_gguf
 tok = tokenizer_from_gguf(gguf.GGUFReader(smollm2_path()))
 tok.save('gpu-wheels/smollm2-tokenizer.json')
 "

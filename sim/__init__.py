@@ -6,9 +6,9 @@
 
 sim never imports torch: it must start fast on machines with no GPU stack.
 """
-from sim.errors import ScenarioError
+from sim.errors import InputError
 from sim.result import Result
-from sim.scenario import Scenario, load_scenario
+from sim.scenario.schema import Scenario, load_scenario
 from sim.simulate import simulate
 
-__all__ = ["Result", "Scenario", "ScenarioError", "load_scenario", "simulate"]
+__all__ = ["Result", "Scenario", "InputError", "load_scenario", "simulate"]

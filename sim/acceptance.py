@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.errors import ScenarioError
-from sim.scenario import Acceptance, Disagreement, Scenario
-from sim.tables import numeric_column, read_table
+from sim.errors import InputError
+from sim.scenario.schema import Acceptance, Disagreement, Scenario
+from sim.traces import numeric_column, read_table
 
 CONTEXT_REFERENCE_TOKENS = 1024
 MAX_RATE = 0.999
@@ -205,7 +205,7 @@ def read_acceptance_trace(path: Path) -> list[np.ndarray]:
     if "mode" in frame.columns:
         frame = frame[frame["mode"].isin(["verify", "partial", "full"])]
     if frame.empty:
-        raise ScenarioError(field, f"{path} has no verification rows")
+        raise InputError(field, f"{path} has no verification rows")
     accepted = numeric_column(frame, "accepted", path, field, integer=True, minimum=0)
     if "request" not in frame.columns:
         return [accepted]

@@ -16,7 +16,7 @@ from sim.cost.batch import DECODE, DRAFT, VERIFY, PHASES, Group, uniform_group
 from sim.cost.memory import draft_offloaded_layers, plan_memory
 from sim.cost.calibrated import cost_model_for
 from sim.cost.stack import build_stacks
-from sim.scenario import Scenario, load_scenario
+from sim.scenario.schema import Scenario, load_scenario
 
 
 def expected_tokens_per_step(rate: float, k: int) -> float:

@@ -9,22 +9,22 @@ from __future__ import annotations
 import copy
 import math
 
-from sim.errors import ScenarioError
+from sim.errors import InputError
 
 MAX_DOUBLINGS = 24
 
 
 def find_capacity(mapping: dict, tolerance: float = 0.02, max_rate_qps: float | None = None) -> dict:
-    from sim.scenario import load_scenario
+    from sim.scenario.schema import load_scenario
 
     if not 0 < tolerance < 1:
-        raise ScenarioError("--tolerance", f"must be in (0, 1) (got {tolerance})")
+        raise InputError("--tolerance", f"must be in (0, 1) (got {tolerance})")
     if max_rate_qps is not None and max_rate_qps <= 0:
-        raise ScenarioError("--max-rate", f"must be positive (got {max_rate_qps})")
+        raise InputError("--max-rate", f"must be positive (got {max_rate_qps})")
     load_scenario(mapping)     # the scenario as given must be valid before its workload is changed
     scenario = load_scenario(poisson_at(mapping, 1.0))
     if scenario.slo.ttft_ms_p90 is None and scenario.slo.tpot_ms_p90 is None:
-        raise ScenarioError("slo", "capacity needs slo.ttft_ms_p90 or slo.tpot_ms_p90 (the target the rate must meet)")
+        raise InputError("slo", "capacity needs slo.ttft_ms_p90 or slo.tpot_ms_p90 (the target the rate must meet)")
     start = mapping.get("workload", {}).get("rate_qps") or 1.0
     out = {"scenario": scenario.model_dump(mode="json", exclude={"workload": {"rate_qps"}}),
            "slo": scenario.slo.model_dump(exclude_none=True), "tolerance": tolerance}
@@ -57,7 +57,7 @@ def evaluate(mapping: dict, rate_qps: float, baseline_only: bool, baselines: dic
     """One trial. A speculative trial simulates the baseline at the same rate too (same requests
     and seed): it is kept in `baselines`, so the baseline's own search, which starts from the same
     rates, does not run it again."""
-    from sim.scenario import load_scenario
+    from sim.scenario.schema import load_scenario
     from sim.simulate import simulate
 
     if baseline_only and rate_qps in baselines:

@@ -1,43 +1,44 @@
 """python -m sim run SCENARIO [--set FIELD=VALUE ...] [--vary FIELD=V1,V2,...] [--json] [--out FILE]
-python -m sim validate RUN_DIR... | --study NAME --text FILE [--probe] [--calibration DIR] [--out DIR] [--docs FILE]
-python -m sim fit-acceptance RUN_DIR... [--vllm FILE ...] -o acceptance.yaml
 python -m sim sweep [STUDY.yaml] [--executor local|ray] [--address ADDR] [--workers N] [--resume] [--out DIR]
 python -m sim report RESULTS_DIR [--validation CSV] [--out FILE]
 python -m sim capacity SCENARIO [--set FIELD=VALUE ...] [--tolerance F] [--max-rate QPS] [--json]
+python -m sim validate RUN_DIR|CAMPAIGN_DIR... [--calibration DIR] [--out DIR] [--docs FILE]
+python -m sim fit-acceptance RUN_DIR|CAMPAIGN_DIR... [--vllm FILE ...] -o acceptance.yaml
 
 run: simulates a scenario with its speculation and without (the baseline), on the same requests and
 seed. --set overrides one field (dotted path, YAML value); --vary runs the scenario once per value
 and prints one row each.
-validate: predicts each `profiler live` run, replaying its acceptance and with acceptance fitted on
-the other runs, and reports the errors (docs/validation.md); --study first runs a study's live runs.
-fit-acceptance: per drafter, the acceptance block of a scenario fitted on live runs (or vLLM's
-counters), and SpecPV's disagreement with full verification.
 sweep: runs a study (a grid of scenarios; with no argument, the embedded default study) and writes
 results.parquet and report.html (docs/scenario.md, "Studies").
 report: rebuilds report.html from a sweep's results.parquet.
 capacity: the highest Poisson request rate meeting the scenario's SLOs, with and without speculation.
+validate: predicts each `profiler live` run (or every run of a `profiler campaign` folder), replaying
+its acceptance and with acceptance fitted on the other runs, and reports the errors
+(docs/validation.md).
+fit-acceptance: per drafter, the acceptance block of a scenario fitted on live runs (or vLLM's
+counters), and SpecPV's disagreement with full verification.
+
+Every parser of the simulator is here; below this module, functions take typed arguments.
 """
 from __future__ import annotations
 
 import argparse
 import copy
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
-import yaml
-
-from sim.errors import ScenarioError
-from sim.scenario import Scenario, load_scenario
+from sim.errors import InputError, exit_code
+from sim.formats.files import write_atomic
+from sim.scenario import load_scenario, read_mapping, resolve_relative_paths
+from sim.scenario.overrides import parse_value, set_field, split_assignment
 
 
 class OneLineParser(argparse.ArgumentParser):
     """Usage mistakes are bad input too: one line, exit code 2."""
 
     def error(self, message: str):
-        self.exit(2, f"error: {message} (see python -m sim {self.prog.split()[-1]} --help)\n")
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,27 +53,6 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run once per value of one field and print a row per run")
     run.add_argument("--json", action="store_true", help="print JSON instead of a summary")
     run.add_argument("--out", type=Path, help="also write the JSON to this file")
-    validate = commands.add_parser("validate", help="predict profiler live runs and report the error")
-    validate.add_argument("runs", type=Path, nargs="*", metavar="RUN_DIR", help="folders written by profiler live")
-    validate.add_argument("--study", help="run this validation study's live runs first (profiler/studies: "
-                                          "cpu-default, smoke, or a YAML file), then validate them")
-    validate.add_argument("--text", type=Path, help="with --study: the long text prompts are cut from")
-    validate.add_argument("--probe", action="store_true",
-                          help="with --study: time the machine probe around every live run (profiler live --probe; "
-                               "about 7 s a run here) and add each prediction at the machine's measured speed")
-    validate.add_argument("--repeats", type=int, help="with --study: how many times to run it (default: the "
-                                                      "study's `repeats`); each run is measured by its median repeat")
-    validate.add_argument("--calibration", type=Path,
-                          help="calibration bundle (default: the study's, else the roofline model)")
-    validate.add_argument("--out", type=Path, help="write validation.csv and parity.html here (with --study: "
-                                                   "also its run folders; default validation/STUDY)")
-    validate.add_argument("--docs", type=Path, help="replace the study's table in this Markdown file "
-                                                    "(between its validation markers)")
-    fit = commands.add_parser("fit-acceptance", help="fit acceptance per drafter from live runs or vLLM counters")
-    fit.add_argument("runs", type=Path, nargs="*", metavar="RUN_DIR", help="folders written by profiler live")
-    fit.add_argument("--vllm", type=Path, action="append", default=[], metavar="FILE",
-                     help="vLLM speculative decoding counters: a /metrics scrape or JSON lines (repeatable)")
-    fit.add_argument("-o", "--out", type=Path, required=True, help="acceptance YAML to write")
     sweep = commands.add_parser("sweep", help="run a study's grid of scenarios; write results.parquet and report.html")
     sweep.add_argument("study", nargs="?", help="study YAML, or an embedded study's name (default, smoke); "
                                                  "default: the embedded default study")
@@ -100,117 +80,106 @@ def build_parser() -> argparse.ArgumentParser:
                           help="stop when the bracket is narrower than this fraction of the rate (default 0.02)")
     capacity.add_argument("--max-rate", type=float, help="highest rate to try, in requests/s")
     capacity.add_argument("--json", action="store_true", help="print JSON instead of a summary")
+    validate = commands.add_parser("validate", help="predict profiler live runs and report the error")
+    validate.add_argument("runs", type=Path, nargs="+", metavar="RUN_DIR",
+                          help="folders written by profiler live, or campaign folders written by profiler campaign "
+                               "(every run of every repeat)")
+    validate.add_argument("--calibration", type=Path,
+                          help="calibration bundle (default: a campaign's own, else the roofline model)")
+    validate.add_argument("--out", type=Path, help="write validation.csv and parity.html here")
+    validate.add_argument("--docs", type=Path, help="with --out: replace the table between this Markdown file's "
+                                                    "validation markers named after the --out folder")
+    fit = commands.add_parser("fit-acceptance", help="fit acceptance per drafter from live runs or vLLM counters")
+    fit.add_argument("runs", type=Path, nargs="*", metavar="RUN_DIR",
+                     help="folders written by profiler live, or campaign folders")
+    fit.add_argument("--vllm", type=Path, action="append", default=[], metavar="FILE",
+                     help="vLLM speculative decoding counters: a /metrics scrape or JSON lines (repeatable)")
+    fit.add_argument("-o", "--out", type=Path, required=True, help="acceptance YAML to write")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        if args.command == "run":
-            return run_command(args)
-        if args.command == "validate":
-            from sim.validate_cli import validate_command
-
-            return validate_command(args)
-        if args.command == "fit-acceptance":
-            from sim.validate_cli import fit_acceptance_command
-
-            return fit_acceptance_command(args)
-        if args.command in ("sweep", "report", "capacity"):
-            from sim import sweep_cli
-
-            return getattr(sweep_cli, f"{args.command}_command")(args)
-    except ScenarioError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 1
+    return exit_code(lambda: dispatch(args))
 
 
-def run_command(args) -> int:
-    from sim.scenario import read_mapping, resolve_relative_paths
+def dispatch(args: argparse.Namespace) -> int:
+    """The command's function, called with typed arguments (imports kept lazy: `run` starts fast)."""
+    if args.command == "run":
+        return run_command(args.scenario, args.overrides, args.vary, args.json, args.out)
+    if args.command == "sweep":
+        from sim.sweep.commands import SweepOptions, sweep
+
+        return sweep(SweepOptions(study=args.study, out=args.out, executor=args.executor, address=args.address,
+                                  workers=args.workers, resume=args.resume, overwrite=args.overwrite,
+                                  validation=args.validation, quiet=args.quiet,
+                                  reuse_baselines=not args.no_baseline_reuse))
+    if args.command == "report":
+        from sim.sweep.commands import rebuild_report
+
+        return rebuild_report(args.results, args.validation, args.out)
+    if args.command == "capacity":
+        return capacity_command(args.scenario, args.overrides, args.tolerance, args.max_rate, args.json)
+    if args.command == "validate":
+        from sim.validate.commands import validate
+
+        return validate(args.runs, calibration=args.calibration, out=args.out, docs=args.docs)
+    if args.command == "fit-acceptance":
+        from sim.validate.commands import fit_acceptance
+
+        return fit_acceptance(args.runs, args.vllm, args.out)
+    raise AssertionError(args.command)
+
+
+def scenario_with_overrides(path: Path, overrides: list[str]) -> dict:
+    """The scenario file's mapping, its relative paths resolved, each `--set FIELD=VALUE` applied."""
+    mapping = resolve_relative_paths(read_mapping(path), path.parent)
+    for override in overrides:
+        set_field(mapping, *split_assignment(override, "--set"))
+    return mapping
+
+
+def run_command(scenario: Path, overrides: list[str], vary: str | None, as_json: bool, out: Path | None) -> int:
     from sim.simulate import simulate
 
-    mapping = resolve_relative_paths(read_mapping(args.scenario), args.scenario.parent)
-    for override in args.overrides:
-        set_field(mapping, *split_assignment(override, "--set"))
-    if args.vary is None:
+    mapping = scenario_with_overrides(scenario, overrides)
+    if vary is None:
         result = simulate(mapping)
         payload = result.to_dict()
         text = format_summary(result)
         for warning in result.provenance.get("warnings", []):
             print(f"warning: {warning}", file=sys.stderr)
     else:
-        field, values = split_assignment(args.vary, "--vary")
+        field, values = split_assignment(vary, "--vary")
         values = [parse_value(v) for v in values.split(",")]
-        results = []
+        points = []
         for value in values:   # validate every point before running any
             point = copy.deepcopy(mapping)
             set_field(point, field, value)
-            results.append(point)
-        for point in results:
+            points.append(point)
+        for point in points:
             load_scenario(point)
-        results = [simulate(point) for point in results]
+        results = [simulate(point) for point in points]
         payload = [{"field": field, "value": v, **r.to_dict()} for v, r in zip(values, results)]
         text = format_rows(field, values, results)
-    if args.out is not None:
+    if out is not None:
         try:
-            write_atomic(args.out, json.dumps(payload, indent=2) + "\n")
+            write_atomic(out, json.dumps(payload, indent=2) + "\n")
         except OSError as exc:
-            raise ScenarioError("--out", f"cannot write {args.out}: {exc.strerror or exc}") from None
-    print(json.dumps(payload) if args.json else text)
+            raise InputError("--out", f"cannot write {out}: {exc.strerror or exc}") from None
+    print(json.dumps(payload) if as_json else text)
     return 0
 
 
-def split_assignment(text: str, flag: str) -> tuple[str, str]:
-    field, sep, value = text.partition("=")
-    if not sep or not field:
-        raise ScenarioError(flag, f"expected FIELD=VALUE, got {text!r}")
-    return field, value
+def capacity_command(scenario: Path, overrides: list[str], tolerance: float, max_rate_qps: float | None,
+                     as_json: bool) -> int:
+    from sim.capacity import find_capacity, format_capacity
+    from sim.result import json_safe
 
-
-def parse_value(text: str):
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-
-
-def set_field(mapping: dict, dotted: str, value) -> None:
-    """Set a dotted field in a scenario mapping; a string value is read as YAML (numbers, lists)."""
-    node = mapping
-    *parents, leaf = dotted.split(".")
-    for key in parents:
-        child = node.get(key)
-        if node is mapping and key in ("hardware", "engine") and not isinstance(child, dict):
-            # `--set hardware.memory_gb=40` refines the scenario's preset (or the default one).
-            child = {"preset": child if child is not None else Scenario.model_fields[key].default}
-            node[key] = child
-        elif child is None:
-            child = node[key] = {}
-        if not isinstance(child, dict):
-            raise ScenarioError(dotted, f"{key} is not a mapping")
-        node = child
-    node[leaf] = parse_value(value) if isinstance(value, str) else value
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write to a temporary file beside `path`, then rename: never a half-written result."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        # mkstemp makes the file private: give it the mode of the file it replaces, or the umask's.
-        if path.exists():
-            os.chmod(tmp, path.stat().st_mode & 0o777)
-        else:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    result = find_capacity(scenario_with_overrides(scenario, overrides), tolerance=tolerance,
+                           max_rate_qps=max_rate_qps)
+    print(json.dumps(json_safe(result)) if as_json else format_capacity(result))
+    return 0
 
 
 def format_summary(result) -> str:

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sim.cost.batch import PHASES, PREFILL
-from sim.engine import RunRecord
-from sim.scenario import Scenario
+from sim.pipeline import RunRecord
+from sim.scenario.schema import Scenario
 
 PERCENTILES = (50, 90, 99)
 

@@ -1,21 +1,18 @@
 """`simulate(scenario) -> Result`: the speculative run and its baseline, on the same requests."""
 from __future__ import annotations
 
-import platform
-import subprocess
-from functools import lru_cache
-from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 
 from sim.acceptance import build_acceptance
+from sim.formats.provenance import git_revision, repo_relative, versions
 from sim.cost.memory import GB, plan_memory
 from sim.cost.calibrated import cost_model_for
 from sim.cost.stack import build_stacks
-from sim.engine import EngineSimulation
+from sim.pipeline import PipelineSimulation
 from sim.result import Result, summarize
-from sim.scenario import Scenario, load_scenario
+from sim.scenario.schema import Scenario, load_scenario
 from sim.workload import Requests, build_requests
 
 
@@ -31,7 +28,7 @@ def simulate(scenario: Scenario | dict | str | Path, acceptance=None, baseline_c
     baseline_only: run the baseline alone (planned exactly as beside the speculative run); the
     Result then has no speculative run (`sim capacity` searches the baseline's rate this way).
 
-    Raises ScenarioError (one line: field and reason) on bad input, before anything runs.
+    Raises InputError (one line: field and reason) on bad input, before anything runs.
     """
     scenario = load_scenario(scenario)
     requests, planned = plan(scenario)
@@ -47,7 +44,7 @@ def simulate(scenario: Scenario | dict | str | Path, acceptance=None, baseline_c
                 runs[name], memories[name], cost_warnings = baseline_cache[key]
                 warnings += [w for w in cost_warnings if w not in warnings]
                 continue
-        record, cost = run_engine(config, requests, stacks, memory, acceptance)
+        record, cost = run_pipeline(config, requests, stacks, memory, acceptance)
         cost_warnings = list(getattr(cost, "warnings", []))
         warnings += [w for w in cost_warnings if w not in warnings]
         runs[name] = (record, summarize(record, scenario))
@@ -88,7 +85,7 @@ def simulate(scenario: Scenario | dict | str | Path, acceptance=None, baseline_c
 def plan(scenario: Scenario) -> tuple[Requests, list]:
     """The requests, and each configuration (baseline, then the speculative one) with its layer
     stacks and memory plan. A scenario that cannot run (weights that fit nowhere, ...) raises
-    ScenarioError here, before any engine runs: a sweep checks every point this way first."""
+    InputError here, before any engine runs: a sweep checks every point this way first."""
     requests = build_requests(scenario)
     concurrency = min(requests.closed_concurrency or len(requests), scenario.scheduler.max_batch)
     max_request_tokens = requests.max_tokens + scenario.speculation.verify_tokens
@@ -110,24 +107,24 @@ def baseline_key(config: Scenario, max_request_tokens: int) -> str:
     return f"{config.model_dump_json()}|{max_request_tokens}"
 
 
-def run_engine(config: Scenario, requests: Requests, stacks, memory, build=None):
+def run_pipeline(config: Scenario, requests: Requests, stacks, memory, build=None):
     """One SimPy run of one configuration, and the cost model that priced it; acceptance and
     engine draws seeded by the scenario. build: replaces build_acceptance (see simulate)."""
     cost = cost_model_for(config)
     acceptance = None
     if config.speculation.enabled:
         acceptance = (build or build_acceptance)(config, len(requests), np.random.default_rng([config.seed, 2]))
-    engine = EngineSimulation(config, requests, cost, stacks, memory, acceptance,
-                              np.random.default_rng([config.seed, 3]))
-    return engine.run(), cost
+    pipeline = PipelineSimulation(config, requests, cost, stacks, memory, acceptance,
+                                  np.random.default_rng([config.seed, 3]))
+    return pipeline.run(), cost
 
 
 def bundle_provenance(path) -> dict:
     """Where a calibration bundle came from: its device, revision, date, dtype and held-out error."""
-    from sim.cost.bundle import load_bundle
+    from sim.formats.bundle import load_bundle
 
     meta = load_bundle(path).meta
-    return {"path": str(path), "device": meta["device"].get("name"), "git_revision": meta.get("git_revision"),
+    return {"path": repo_relative(path), "device": meta["device"].get("name"), "git_revision": meta.get("git_revision"),
             "date": meta.get("date"), "dtype": meta.get("dtype"),
             "held_out_median_error": (meta.get("held_out") or {}).get("median_abs_error")}
 
@@ -146,29 +143,3 @@ def provenance(scenario: Scenario, warnings: list[str] | None = None) -> dict:
         "git_revision": git_revision(),
         "versions": versions(),
     }
-
-
-@lru_cache(maxsize=1)
-def git_revision() -> str:
-    root = Path(__file__).resolve().parent.parent
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
-        revision = out.stdout.strip() if out.returncode == 0 else "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=5).stdout.strip()
-        return revision + ("+dirty" if dirty and revision != "unknown" else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-@lru_cache(maxsize=4)
-def versions(extra: tuple[str, ...] = ()) -> dict:
-    """Installed versions of Python, the simulator's dependencies and `extra` packages (those not
-    installed are left out)."""
-    out = {"python": platform.python_version()}
-    for package in ("specsim", "numpy", "simpy", "pydantic", "scipy", *extra):
-        try:
-            out[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            pass
-    return out

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.errors import ScenarioError
-from sim.scenario import LengthDist, Scenario
-from sim.tables import numeric_column, read_table
+from sim.errors import InputError
+from sim.scenario.schema import LengthDist, Scenario
+from sim.traces import numeric_column, read_table
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def build_requests(scenario: Scenario) -> Requests:
             arrival = np.cumsum(rng.exponential(1.0 / workload.rate_qps, n))
             arrival -= arrival[0]
             if not np.isfinite(arrival).all():
-                raise ScenarioError("workload.rate_qps", f"{workload.rate_qps!r} is too small: arrival times overflow")
+                raise InputError("workload.rate_qps", f"{workload.rate_qps!r} is too small: arrival times overflow")
             closed = None
         else:
             arrival = np.full(n, np.nan)
@@ -79,7 +79,7 @@ def build_requests(scenario: Scenario) -> Requests:
     if need[worst] > model.max_context:
         parts = f"prompt {int(prompt[worst])} + output {int(output[worst])}" + (f" + {drafted} drafted" if drafted else "")
         field = "workload.output_tokens" if output[worst] > prompt[worst] else "workload.prompt_tokens"
-        raise ScenarioError(field,
+        raise InputError(field,
                             f"request {worst} needs {int(need[worst])} tokens of context ({parts}), "
                             f"beyond {model.name}'s maximum {model.max_context}")
     return requests
@@ -90,7 +90,7 @@ def read_trace(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     field = "workload.trace"
     frame = read_table(path, field)
     if frame.empty:
-        raise ScenarioError(field, f"{path} has no rows")
+        raise InputError(field, f"{path} has no rows")
     arrival = numeric_column(frame, "arrival_s", path, field, integer=False, minimum=0)
     prompt = numeric_column(frame, "prompt_tokens", path, field, integer=True, minimum=1)
     output = numeric_column(frame, "output_tokens", path, field, integer=True, minimum=1)

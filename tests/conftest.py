@@ -45,8 +45,8 @@ def smollm2():
     """SmolLM2-135M-Instruct in fp32 and its tokenizer, loaded once for the session."""
     pytest.importorskip("torch")
     gguf = pytest.importorskip("gguf")
-    from profiler.gguf_loader import load_gguf, smollm2_path
-    from profiler.tokenizer import tokenizer_from_gguf
+    from profiler.engine.gguf_loader import load_gguf, smollm2_path
+    from profiler.engine.tokenizer import tokenizer_from_gguf
 
     loaded = load_gguf(smollm2_path())
     return loaded.model, tokenizer_from_gguf(gguf.GGUFReader(loaded.path))

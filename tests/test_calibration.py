@@ -14,11 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from profiler.calibrate import evenly_spaced_positions
-from profiler.engine_fits import DECODE_BURSTS_WITHIN_ROUND, DECODE_TOKENS
-from sim.cost.bundle import HELD_OUT_TARGET, expected_range, load_bundle, model_hash, round_spread, rounds_note
-from sim.cost.table import OperatorTable
-from sim.errors import ScenarioError
+from profiler.calibrate.rounds import evenly_spaced_positions
+from profiler.calibrate.fits import DECODE_BURSTS_WITHIN_ROUND, DECODE_TOKENS
+from sim.formats.bundle import HELD_OUT_TARGET, expected_range, load_bundle, model_hash, round_spread, rounds_note
+from sim.formats.table import OperatorTable
+from sim.errors import InputError
+from sim.formats.provenance import repo_relative
 from sim.simulate import simulate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,14 +108,14 @@ def test_calibrated_prediction_differs_from_roofline_and_is_deterministic():
     held = load_bundle(BUNDLE).meta["held_out"]["median_abs_error"]
     assert provenance["calibration"]["device"]
     assert [w.split(" holds out")[0] for w in provenance["warnings"]] == \
-        ([f"calibration {BUNDLE}"] if held > HELD_OUT_TARGET else [])
+        (["calibration calibration/cpu/smollm2-135m"] if held > HELD_OUT_TARGET else [])
 
 
 def test_calibrated_costs_grow_with_batch_and_context():
     from sim.cost.batch import DECODE, PHASES, uniform_group
     from sim.cost.calibrated import cost_model_for
     from sim.cost.stack import build_stacks
-    from sim.scenario import load_scenario
+    from sim.scenario.schema import load_scenario
 
     scenario = load_scenario(smollm2_scenario())
     cost = cost_model_for(scenario)
@@ -187,7 +188,7 @@ def test_forward_factor_is_the_measured_ratios_interpolated_between_their_shapes
     assert factor(1, 64) == pytest.approx(1.05) and factor(4, 16384) == pytest.approx(1.00)
     # The cost model multiplies a decode forward by it.
     from sim.cost.calibrated import cost_model_for
-    from sim.scenario import load_scenario
+    from sim.scenario.schema import load_scenario
 
     scenario = load_scenario(smollm2_scenario(calibration=str(bundle)))
     assert cost_model_for(scenario).forward_factor(1, 256) == pytest.approx(1.05)
@@ -197,7 +198,7 @@ def test_selection_is_priced_by_its_own_factor_measured_in_forwards(tmp_path):
     from sim.cost.batch import PHASES
     from sim.cost.calibrated import cost_model_for
     from sim.cost.stack import build_stacks
-    from sim.scenario import load_scenario
+    from sim.scenario.schema import load_scenario
 
     def selection_s(bundle, part, requests=1, context=1024):
         scenario = load_scenario(smollm2_scenario(calibration=str(bundle)))
@@ -221,19 +222,19 @@ def test_selection_is_priced_by_its_own_factor_measured_in_forwards(tmp_path):
     assert selection_s(ramp, "scores", requests=16, context=8192) == pytest.approx(
         30 * table(16, 8192, 1024) * 4.0, rel=1e-12)                                                # held
     broken = with_selection_factor(tmp_path / "c", [[2.0, 2.0]])
-    with pytest.raises(ScenarioError, match="selection_factor has"):
+    with pytest.raises(InputError, match="selection_factor has"):
         load_bundle(broken)
 
 
 def test_bundle_for_another_model_or_dtype_is_an_error_naming_both():
-    with pytest.raises(ScenarioError, match="smollm2-135m fp32, the scenario runs llama-3.2-1b fp32"):
+    with pytest.raises(InputError, match="smollm2-135m fp32, the scenario runs llama-3.2-1b fp32"):
         simulate(smollm2_scenario(model="llama-3.2-1b"))
-    with pytest.raises(ScenarioError, match="smollm2-135m fp32, the scenario runs smollm2-135m bf16"):
+    with pytest.raises(InputError, match="smollm2-135m fp32, the scenario runs smollm2-135m bf16"):
         simulate(smollm2_scenario(dtype="bf16"))
 
 
 def test_calibration_with_tensor_parallelism_is_refused():
-    with pytest.raises(ScenarioError, match="tensor_parallel must be 1"):
+    with pytest.raises(InputError, match="tensor_parallel must be 1"):
         simulate(smollm2_scenario(tensor_parallel=3))
 
 
@@ -268,20 +269,20 @@ def test_bundle_above_the_held_out_target_is_a_warning_with_its_timing_noise(tmp
         meta["held_out"]["median_abs_error"] = held
         (bundle / "meta.json").write_text(json.dumps(meta))
         warnings = simulate(smollm2_scenario(calibration=str(bundle))).provenance["warnings"]
-        expected = (f"calibration {bundle} holds out within a median 8.0% (target 5%); its timing rounds of one "
+        expected = (f"calibration {repo_relative(bundle)} holds out within a median 8.0% (target 5%); its timing rounds of one "
                     f"point spanned a median {noise:.1%}")
         assert warnings == ([expected] if warned else [])
     # A bundle of five rounds: its figure scaled to three, and said so.
     meta["held_out"]["median_abs_error"], meta["rounds"] = 0.08, 5
     (bundle / "meta.json").write_text(json.dumps(meta))
     warnings = simulate(smollm2_scenario(calibration=str(bundle))).provenance["warnings"]
-    assert warnings == [f"calibration {bundle} holds out within a median 8.0% (target 5%); its timing rounds of one "
+    assert warnings == [f"calibration {repo_relative(bundle)} holds out within a median 8.0% (target 5%); its timing rounds of one "
                         f"point spanned a median {noise * expected_range(3) / expected_range(5):.1%} "
                         f"(scaled to three rounds; 5 timed)"]
 
 
 def test_calibration_summary_reports_timing_noise_and_a_missed_target():
-    from profiler.calibrate import format_calibration_summary
+    from profiler.calibrate.run import format_calibration_summary
 
     meta = {"device": {"name": "cpu"}, "dtype": "fp32", "model": {"name": "m"}, "duration_s": 600.0, "fits": {},
             "rounds": 3, "held_out": {"median_abs_error": 0.04, "p90_abs_error": 0.1, "max_abs_error": 0.2,
@@ -307,7 +308,7 @@ def test_calibration_summary_reports_timing_noise_and_a_missed_target():
 def test_damaged_bundle_is_a_one_line_error(tmp_path, damage, message):
     bundle = copy_bundle(tmp_path)
     damage(bundle)
-    with pytest.raises(ScenarioError, match=message) as info:
+    with pytest.raises(InputError, match=message) as info:
         simulate(smollm2_scenario(calibration=str(bundle)))
     assert "\n" not in str(info.value)
 
@@ -345,7 +346,7 @@ def test_calibrate_writes_a_complete_bundle(tiny_bundle):
     assert "held-out error" in stdout
     bundle = load_bundle(out)
     meta = bundle.meta
-    from profiler.loaders import hf_llama_config
+    from profiler.engine.loaders import hf_llama_config
 
     assert meta["model"]["hash"] == model_hash(hf_llama_config(config))
     assert meta["schema_version"] == 1 and meta["quick"] and meta["rounds"] == 1
@@ -385,7 +386,7 @@ def test_whole_prompts_read_the_prompt_table_and_chunks_after_a_prefix_the_prefi
 
     from sim.cost.calibrated import cost_model_for
     from sim.cost.stack import build_stacks
-    from sim.scenario import load_scenario
+    from sim.scenario.schema import load_scenario
 
     config, out, _ = tiny_bundle
 
@@ -449,8 +450,8 @@ def test_more_rounds_while_one_more_fits_the_deadline(tmp_path, max_rounds, budg
     torch = pytest.importorskip("torch")
     import time
 
-    from profiler.calibrate import measure_operators
-    from profiler.loaders import hf_llama_config
+    from profiler.calibrate.rounds import measure_operators
+    from profiler.engine.loaders import hf_llama_config
 
     config_path = tmp_path / "config.json"
     config_path.write_text(json.dumps(TINY))
@@ -465,7 +466,7 @@ def test_more_rounds_while_one_more_fits_the_deadline(tmp_path, max_rounds, budg
 
 
 def test_another_round_only_while_one_as_long_as_the_longest_ends_in_time():
-    from profiler.calibrate import another_round
+    from profiler.calibrate.rounds import another_round
 
     assert another_round(2, 3, 5, now_s=100.0, longest_round_s=50.0, deadline=0.0)        # below the minimum
     assert another_round(3, 3, 5, now_s=100.0, longest_round_s=50.0, deadline=150.0)      # ends just in time
@@ -476,8 +477,8 @@ def test_another_round_only_while_one_as_long_as_the_longest_ends_in_time():
 
 def test_quantized_operator_copies_on_one_bench_are_clones(tmp_path):
     torch = pytest.importorskip("torch")
-    from profiler.loaders import hf_llama_config
-    from profiler.operators import OPERATORS, Bench, random_pool
+    from profiler.engine.loaders import hf_llama_config
+    from profiler.calibrate.operators import OPERATORS, Bench, random_pool
 
     config_path = tmp_path / "config.json"
     config_path.write_text(json.dumps(TINY))
@@ -485,7 +486,7 @@ def test_quantized_operator_copies_on_one_bench_are_clones(tmp_path):
                   random_pool(1 << 16, torch.float32, "cpu", 0))
     first, second = (OPERATORS["int4.gate_up"].build(bench, {"tokens": 2}) for _ in range(2))
     int8 = OPERATORS["int8.gate_up"].build(bench, {"tokens": 2})
-    from profiler.shadow import QuantLinear
+    from profiler.engine.shadow import QuantLinear
 
     # Each built operator is `lambda: layer(x)`: its layer is in the closure.
     layers = [next(c.cell_contents for c in fn.__closure__ if isinstance(c.cell_contents, QuantLinear))
@@ -505,8 +506,8 @@ def test_whole_forwards_are_timed_on_one_random_cache_kept_for_the_calibration(t
     """EngineProbe's forwards read one set of KV caches made once, of the largest batch and KV it
     times, holding random values (never zeros); a larger shape than planned gets a larger one."""
     torch = pytest.importorskip("torch")
-    from profiler.engine_fits import EngineProbe
-    from profiler.loaders import hf_llama_config
+    from profiler.calibrate.fits import EngineProbe
+    from profiler.engine.loaders import hf_llama_config
 
     config_path = tmp_path / "config.json"
     config_path.write_text(json.dumps(TINY))
@@ -530,7 +531,7 @@ def test_whole_forwards_are_timed_on_one_random_cache_kept_for_the_calibration(t
 
 def test_quantized_operator_copies_are_clones_in_their_own_memory():
     torch = pytest.importorskip("torch")
-    from profiler.shadow import QuantLinear
+    from profiler.engine.shadow import QuantLinear
 
     layer = torch.nn.Linear(128, 32, bias=False)
     first = QuantLinear(layer, 4, 64, use_kernel=False)
@@ -569,7 +570,7 @@ def test_calibrate_bad_input_is_one_line(argv, message):
 def test_cpu_timing_is_the_median_call_of_blocks_after_warm_up(monkeypatch):
     import time
 
-    from profiler.timing import CPU_BLOCK_S, time_call
+    from profiler.calibrate.timing import CPU_BLOCK_S, time_call
 
     # A clock that only the timed call moves, so the test checks the method, not this machine's
     # load (a real 1 ms sleep under a wall-clock bound passes or fails with what else runs).

@@ -5,7 +5,7 @@ from conftest import UNIT_ENGINE, UNIT_HARDWARE
 from sim.cost.batch import DECODE, PARTIAL, PHASES, PREFILL, TRANSFER, VERIFY, FULL, Group, uniform_group
 from sim.cost.roofline import ALLREDUCE_LATENCY_S, RooflineCostModel
 from sim.cost.stack import build_stacks
-from sim.scenario import load_scenario
+from sim.scenario.schema import load_scenario
 
 
 def unit_scenario(tiny_config, **fields):

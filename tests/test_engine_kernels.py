@@ -7,11 +7,11 @@ pytest.importorskip("triton")
 
 import kernels  # noqa: E402
 from conftest import KERNEL_DEVICE  # noqa: E402
-from profiler.drafters import NgramDrafter, SelfDrafter  # noqa: E402
-from profiler.model import Llama, LlamaConfig  # noqa: E402
-from profiler.partial import PartialSpec  # noqa: E402
-from profiler.speculative import speculative_generate  # noqa: E402
-from profiler.tree import TreeShape  # noqa: E402
+from profiler.engine.drafters import NgramDrafter, SelfDrafter  # noqa: E402
+from profiler.engine.model import Llama, LlamaConfig  # noqa: E402
+from profiler.engine.partial import PartialSpec  # noqa: E402
+from profiler.engine.speculative import speculative_generate  # noqa: E402
+from profiler.engine.tree import TreeShape  # noqa: E402
 
 if KERNEL_DEVICE == "cpu" and not kernels.INTERPRET:
     pytest.skip("on the CPU the Triton code runs only with TRITON_INTERPRET=1", allow_module_level=True)
@@ -51,7 +51,7 @@ def test_kernel_attention_path_gives_the_torch_paths_tokens(kwargs):
 
 
 def test_the_shadow_draft_on_the_int4_kernel_drafts_what_its_dequantized_weights_draft():
-    from profiler.drafters import ShadowDrafter
+    from profiler.engine.drafters import ShadowDrafter
 
     model = small_model()
     dense = speculative_generate(model, PROMPTS, 12, ShadowDrafter(model, bits=4, group_size=16, use_kernels=False),

@@ -95,8 +95,8 @@ def test_unsupported_architectures_are_refused(tmp_path):
 
 def test_random_weights_of_a_preset_run_with_a_saved_tokenizer(tmp_path):
     gguf = pytest.importorskip("gguf")
-    from profiler.gguf_loader import smollm2_path
-    from profiler.tokenizer import tokenizer_from_gguf
+    from profiler.engine.gguf_loader import smollm2_path
+    from profiler.engine.tokenizer import tokenizer_from_gguf
 
     tokenizer = tmp_path / "tokenizer.json"
     tokenizer_from_gguf(gguf.GGUFReader(smollm2_path())).save(tokenizer)

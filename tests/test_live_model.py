@@ -4,9 +4,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("gguf")
 
-from profiler.generate import generate, prefill_logits  # noqa: E402
-from profiler.gguf_loader import ModelLoadError, load_gguf  # noqa: E402
-from profiler.model import SMALL_QUERY, Llama, LlamaConfig, causal_mask  # noqa: E402
+from profiler.engine.generate import generate, prefill_logits  # noqa: E402
+from profiler.engine.gguf_loader import ModelLoadError, load_gguf  # noqa: E402
+from profiler.engine.model import SMALL_QUERY, Llama, LlamaConfig, causal_mask  # noqa: E402
 
 TINY = LlamaConfig(name="tiny", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=64, vocab=50,
                    tied_embeddings=False, max_context=128, rope_theta=10000.0)
@@ -110,7 +110,7 @@ def test_smollm2_greedy_answers_are_sensible_english(smollm2):
 
 
 def test_long_context_prompts_have_the_exact_length_and_keep_the_chat_template(smollm2, tmp_path):
-    from profiler.live import long_context_prompts
+    from profiler.live.prompts import long_context_prompts
 
     _, tok = smollm2
     text = tmp_path / "book.txt"

@@ -7,8 +7,8 @@ import pytest
 torch = pytest.importorskip("torch")
 gguf = pytest.importorskip("gguf")
 
-from profiler.gguf_loader import ModelLoadError, smollm2_path  # noqa: E402
-from profiler.loaders import resolve_model  # noqa: E402
+from profiler.engine.gguf_loader import ModelLoadError, smollm2_path  # noqa: E402
+from profiler.engine.loaders import resolve_model  # noqa: E402
 
 TOKENS = torch.tensor([[1, 504, 3458, 282, 4909, 314, 216, 33, 34, 35]])
 

@@ -6,8 +6,9 @@ import pandas as pd
 import pytest
 from conftest import REPO
 
-from sim.machine_speed import measured_probe, priced_probe, probe_shapes, scaled_seconds, speed_ratios
-from sim.validate import at_run_speed
+from sim.formats.run_folder import probe_shapes
+from sim.validate.machine_speed import measured_probe, priced_probe, scaled_seconds, speed_ratios
+from sim.validate.compare import at_run_speed
 
 BUNDLE = REPO / "calibration" / "cpu" / "smollm2-135m"
 SCENARIO = {"model": "smollm2-135m", "dtype": "fp32", "hardware": "cpu", "engine": "gpt-fast"}
@@ -89,8 +90,8 @@ def with_probe(tmp_path, source, decode_s: float, prompt_s: float):
 
 
 def test_validate_puts_predictions_at_the_runs_speed_against_the_calibrations_probe(tmp_path):
-    from sim.live_runs import read_runs
-    from sim.validate import PRICED_PROBE_NOTE, compare_runs
+    from sim.validate.runs import read_runs
+    from sim.validate.compare import PRICED_PROBE_NOTE, compare_runs
 
     study = REPO / "validation" / "cpu-default"
     # The machine 25% slower at the speculative run than at calibration, 10% slower at its baseline.
@@ -119,7 +120,7 @@ def test_validate_puts_predictions_at_the_runs_speed_against_the_calibrations_pr
 
 
 def test_a_calibration_probe_of_other_shapes_is_not_compared():
-    from sim.machine_speed import calibration_probe
+    from sim.validate.machine_speed import calibration_probe
 
     meta = {"fits": {"machine_probe": {"decode_s": 0.05, "prompt_s": 0.4, "shapes": {"decode_kv": 512, "prompt_tokens": 256}}}}
     assert calibration_probe(meta, {"decode_kv": 512, "prompt_tokens": 256}) == {"decode_s": 0.05, "prompt_s": 0.4}

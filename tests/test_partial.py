@@ -5,9 +5,9 @@ torch = pytest.importorskip("torch")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from profiler.model import attend_small_query  # noqa: E402
+from profiler.engine.model import attend_small_query  # noqa: E402
 from kernels.reference import block_summaries  # noqa: E402
-from profiler.partial import PartialSpec, PartialStep, attend_partial, select_kv_index  # noqa: E402
+from profiler.engine.partial import PartialSpec, PartialStep, attend_partial, select_kv_index  # noqa: E402
 
 
 def random_case(seed, B=2, kv_heads=3, group=3, T=4, D=16, S=400):

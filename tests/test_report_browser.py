@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sim.cli import main
-from sim.sweep_store import read_table
+from sim.sweep.store import read_table
 
 CHROMIUM = os.environ.get("SPECSIM_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 # CI installs Debian's chromium and sets SPECSIM_REQUIRE_BROWSER=1: there a missing browser fails.

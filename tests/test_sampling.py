@@ -7,11 +7,11 @@ import pytest
 torch = pytest.importorskip("torch")
 from scipy import stats  # noqa: E402
 
-from profiler.model import Llama, LlamaConfig  # noqa: E402
-from profiler.sampling import probs_from_logits  # noqa: E402
-from profiler.drafters import NgramDrafter, SelfDrafter  # noqa: E402
-from profiler.speculative import Sampler, speculative_generate  # noqa: E402
-from profiler.tree import TreeShape  # noqa: E402
+from profiler.engine.model import Llama, LlamaConfig  # noqa: E402
+from profiler.engine.sampling import probs_from_logits  # noqa: E402
+from profiler.engine.drafters import NgramDrafter, SelfDrafter  # noqa: E402
+from profiler.engine.speculative import Sampler, speculative_generate  # noqa: E402
+from profiler.engine.tree import TreeShape  # noqa: E402
 
 VOCAB = 6
 CONFIG = LlamaConfig(name="tiny", layers=2, hidden=16, heads=2, kv_heads=1, head_dim=8, ffn=32, vocab=VOCAB,

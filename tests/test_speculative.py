@@ -6,10 +6,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("gguf")
 
-from profiler.shadow import QuantLinear  # noqa: E402
-from profiler.drafters import NgramDrafter, SelfDrafter, ShadowDrafter  # noqa: E402
+from profiler.engine.shadow import QuantLinear  # noqa: E402
+from profiler.engine.drafters import NgramDrafter, SelfDrafter, ShadowDrafter  # noqa: E402
 from conftest import spec_bench_rows  # noqa: E402
-from profiler.speculative import speculative_generate  # noqa: E402
+from profiler.engine.speculative import speculative_generate  # noqa: E402
 
 NEW_TOKENS = 16
 

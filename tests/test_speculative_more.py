@@ -7,11 +7,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("gguf")
 
-from profiler.drafters import DraftModelDrafter, NgramDrafter, SelfDrafter, ShadowDrafter  # noqa: E402
-from profiler.partial import PartialSpec  # noqa: E402
+from profiler.engine.drafters import DraftModelDrafter, NgramDrafter, SelfDrafter, ShadowDrafter  # noqa: E402
+from profiler.engine.partial import PartialSpec  # noqa: E402
 from conftest import spec_bench_rows  # noqa: E402
-from profiler.speculative import speculative_generate  # noqa: E402
-from profiler.tree import TreeShape  # noqa: E402
+from profiler.engine.speculative import speculative_generate  # noqa: E402
+from profiler.engine.tree import TreeShape  # noqa: E402
 
 NEW_TOKENS = 16
 # Small enough that SpecPV engages at Spec-Bench prompt lengths (about 40-200 tokens).

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from sim.cli import main
-from sim.study import expand_points, load_study
-from sim.sweep_store import LOG, read_table
+from sim.sweep.study import expand_points, load_study
+from sim.sweep.store import LOG, read_table
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -266,7 +266,7 @@ def test_a_bad_acceptance_trace_is_caught_before_any_point_runs(tmp_path, capsys
 
 def test_other_grid_axes_make_their_own_panels(tmp_path):
     """Points that differ in more than speculation and load are never compared in one cell."""
-    from sim.report import recommendations
+    from sim.sweep.report import recommendations
 
     study = {"name": "tp", "base": {"workload": {"requests": 16, "concurrency": 8, "output_tokens": 64}},
              "grid": {"tensor_parallel": [1, 2], "workload.prompt_tokens": [1024]},

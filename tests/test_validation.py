@@ -15,9 +15,9 @@ from conftest import REPO, SHARED_DATA
 pd = pytest.importorskip("pandas")
 
 from sim.acceptance import ReplayAcceptance  # noqa: E402
-from sim.fit_acceptance import fit_disagreement, fit_drafter, read_vllm_metrics  # noqa: E402
-from sim.errors import ScenarioError  # noqa: E402
-from sim.live_runs import LiveRun  # noqa: E402
+from sim.validate.fit_acceptance import fit_disagreement, fit_drafter, read_vllm_metrics  # noqa: E402
+from sim.errors import InputError  # noqa: E402
+from sim.validate.runs import LiveRun  # noqa: E402
 from sim.simulate import simulate  # noqa: E402
 
 TEXT = SHARED_DATA / "pride_and_prejudice.txt"
@@ -39,7 +39,7 @@ def synthetic_run(tmp_path, name, accepted_by_request, depth=4, prompt=600, meth
 
 
 def test_the_median_repeat_stands_for_a_run(tmp_path):
-    from sim.live_runs import merge_repeats
+    from sim.validate.runs import merge_repeats
 
     def repeat(n, tok_s, **extra):
         run = synthetic_run(tmp_path / str(n), "ngram-c512-b1", [[1, 2]], extra=extra)
@@ -51,14 +51,14 @@ def test_the_median_repeat_stands_for_a_run(tmp_path):
     assert three[0].repeat_tok_s == (9.0, 12.0, 10.0)
     two = merge_repeats([repeat(1, 9.0), repeat(2, 12.0)])
     assert two[0].path == tmp_path / "2" / "ngram-c512-b1"         # of two, the faster
-    with pytest.raises(ScenarioError, match="different arguments"):
+    with pytest.raises(InputError, match="different arguments"):
         merge_repeats([repeat(1, 9.0), repeat(2, 9.0, budget=256)])
     # A repeat with the machine probe around it (or one from before the flag) is the same run.
     assert len(merge_repeats([repeat(1, 9.0), repeat(2, 10.0, probe=True), repeat(3, 11.0, probe=False)])) == 1
 
 
 def test_repeats_give_the_measurements_own_error_beside_the_predictions():
-    from sim.validate import Comparison, aggregate, leave_one_out
+    from sim.validate.compare import Comparison, aggregate, leave_one_out
 
     assert leave_one_out((10.0, 11.0, 12.0)) == pytest.approx([abs(10 / 11.5 - 1), 0.0, abs(12 / 10.5 - 1)])
 
@@ -92,7 +92,7 @@ def test_fitted_rates_recover_a_geometric_drafter(tmp_path):
 
 
 def test_acceptance_is_fitted_on_full_verification_runs_where_there_are_any(tmp_path):
-    from sim.fit_acceptance import acceptance_runs, fit_drafters
+    from sim.validate.fit_acceptance import acceptance_runs, fit_drafters
 
     rng = np.random.default_rng(0)
     plain = synthetic_run(tmp_path, "plain", [geometric(rng, 0.6, 4, 2000)])
@@ -235,23 +235,55 @@ def validate(*args, cwd=REPO):
                           capture_output=True, text=True)
 
 
+def campaign(*args, cwd=REPO):
+    return subprocess.run([sys.executable, "-m", "profiler", "campaign", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True)
+
+
 def test_validate_rejects_bad_input_in_one_line(tmp_path):
-    for args, needle in ((["--study", "nosuch"], "no study named nosuch"),
-                         ([tmp_path], "is not a profiler live run"),
-                         ([], "give run folders")):
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "campaign.json").write_text('{"campaign": "x", "runs": ["gone"]}')
+    for args, needle in (([tmp_path], "is not a profiler live run"),
+                         ([], "the following arguments are required: RUN_DIR"),
+                         ([tmp_path / "broken"], "gone is missing (finish the campaign"),
+                         ([tmp_path, "--docs", tmp_path / "x.md"], "--docs: names its table after the --out folder")):
         proc = validate(*args)
         assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
+def test_campaign_rejects_bad_input_in_one_line(tmp_path):
+    bad_field = tmp_path / "bad.yaml"
+    bad_field.write_text("runs:\n  - {name: a, method: none, batchh: 2}\n")
+    bad_value = tmp_path / "value.yaml"
+    bad_value.write_text("runs:\n  - {name: a, method: medusa}\n")
+    for args, needle in ((["nosuch", "--out", tmp_path / "o"], "no campaign named nosuch"),
+                         ([bad_field, "--out", tmp_path / "o"], "CAMPAIGN: run a: batchh: Extra inputs"),
+                         ([bad_value, "--out", tmp_path / "o"], "CAMPAIGN: run a: method: Input should be"),
+                         (["smoke", "--out", tmp_path / "o"], "--text: run none-c256-b2 builds 256-token prompts"),
+                         (["smoke", "--out", tmp_path / "o", "--repeats", "0"], "--repeats: must be >= 1")):
+        proc = campaign(*args)
+        assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+        assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.skipif(not TEXT.exists(), reason="../shared/data not present")
-def test_smoke_study_end_to_end_replays_and_fits(tmp_path):
+def test_smoke_campaign_end_to_end_replays_and_fits(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("plotly")
     out = tmp_path / "smoke"
     docs = tmp_path / "validation.md"
     docs.write_text("before\n<!-- validation:smoke:begin -->\nold\n<!-- validation:smoke:end -->\nafter\n")
-    proc = validate("--study", "smoke", "--text", TEXT, "--out", out, "--docs", docs, "--probe")
+    proc = campaign("smoke", "--text", TEXT, "--out", out, "--probe")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    record = json.loads((out / "campaign.json").read_text())
+    assert record["campaign"] == "smoke" and record["runs"] == ["none-c256-b2", "ngram-c256-b2"]
+    assert record["file"] == "profiler/campaigns/smoke.yaml" and set(record["wall_s"]) == set(record["runs"])
+    arguments = json.loads((out / "none-c256-b2" / "meta.json").read_text())["arguments"]
+    assert arguments["prompts"] == "profiler/live/prompts.jsonl" and not arguments["text"].startswith("/")
+    # The campaign's own bundle prices it: no --calibration needed.
+    proc = validate(out, "--out", out, "--docs", docs)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (out / "none-c256-b2" / "steps.parquet").exists() and (out / "ngram-c256-b2" / "steps.parquet").exists()
     first_line = (out / "validation.csv").read_text().splitlines()[0]
@@ -272,11 +304,12 @@ def test_smoke_study_end_to_end_replays_and_fits(tmp_path):
     # plotly.js inlined (about 4 MB), no script fetched from the network: works offline.
     assert len(html) > 1_000_000 and not re.search(r"<script[^>]+src=", html)
     text = docs.read_text()
-    assert text.startswith("before\n<!-- validation:smoke:begin -->\nReproduce: `python -m sim validate --study smoke")
+    assert text.startswith("before\n<!-- validation:smoke:begin -->\nReproduce: `python -m sim validate ")
+    assert "--calibration calibration/cpu/smollm2-135m --out " in text.splitlines()[2]
     assert "| none-c256-b2 |" in text and text.endswith("<!-- validation:smoke:end -->\nafter\n")
-    assert "--probe" in text.splitlines()[2] and "error at the probe's speed" in text
+    assert "error at the probe's speed" in text
     # Resuming runs nothing again.
-    again = validate("--study", "smoke", "--text", TEXT, "--out", out)
+    again = campaign("smoke", "--text", TEXT, "--out", out)
     assert again.returncode == 0 and "2 runs already there, 0 run" in again.stdout
 
     fitted = tmp_path / "acceptance.yaml"

@@ -11,9 +11,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-# Phases, in the order of Result.time_share. Indices keep per-iteration accounting in flat lists.
-PHASES = ("prefill", "decode", "verify", "partial_verify", "full_verify", "draft", "selection",
-          "transfer", "overhead")
+from sim.formats.names import PHASES
+
+# Indices of the phases (in the order of Result.time_share) keep per-iteration accounting in flat lists.
 PREFILL, DECODE, VERIFY, PARTIAL, FULL, DRAFT, SELECTION, TRANSFER, OVERHEAD = range(len(PHASES))
 
 

@@ -26,10 +26,10 @@ from typing import Sequence
 import numpy as np
 
 from sim.cost.batch import DRAFT, OVERHEAD, PARTIAL, PREFILL, SELECTION, Group
-from sim.cost.bundle import Bundle, check_bundle, load_bundle
+from sim.formats.bundle import Bundle, check_bundle, load_bundle
 from sim.cost.roofline import RooflineCostModel
 from sim.cost.stack import Stack, quantized_weight_bytes
-from sim.scenario import Scenario
+from sim.scenario.schema import Scenario
 
 
 def cost_model_for(scenario: Scenario):

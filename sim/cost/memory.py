@@ -10,8 +10,8 @@ import math
 from dataclasses import dataclass
 
 from sim.cost.stack import Stacks
-from sim.errors import ScenarioError
-from sim.scenario import Scenario
+from sim.errors import InputError
+from sim.scenario.schema import Scenario
 
 GB = 1e9
 
@@ -31,6 +31,12 @@ class MemoryPlan:
     @property
     def weight_bytes_resident(self) -> float:
         return self.fixed_bytes + self.resident_layers * self.layer_bytes
+
+
+def kv_bytes_per_token(shape, tp: int, act_bytes: float) -> float:
+    """K and V of one token over a model's (or draft stack's) layers, on one GPU of `tp`; a KV head
+    is replicated, not split, when TP exceeds the KV head count."""
+    return 2 * shape.layers * max(shape.kv_heads / tp, 1) * shape.head_dim * act_bytes
 
 
 def plan_memory(scenario: Scenario, stacks: Stacks, max_request_tokens: int, concurrency_hint: int) -> MemoryPlan:
@@ -53,11 +59,9 @@ def plan_memory(scenario: Scenario, stacks: Stacks, max_request_tokens: int, con
     workspace = _workspace_bytes(scenario, min(concurrency_hint, scenario.scheduler.max_batch))
     fixed = embeddings + draft_weights + workspace
 
-    # A KV head is replicated, not split, when TP exceeds the KV head count.
-    kv_per_token = 2 * model.layers * max(model.kv_heads / tp, 1) * model.head_dim * ab
+    kv_per_token = kv_bytes_per_token(model, tp, ab)
     if stacks.draft_owns_kv:
-        d = stacks.draft
-        kv_per_token += 2 * d.layers * max(d.kv_heads / tp, 1) * d.head_dim * ab
+        kv_per_token += kv_bytes_per_token(stacks.draft, tp, ab)
     partial_tokens = 0
     if spec.partial_verify is not None:
         pv = spec.partial_verify
@@ -73,7 +77,7 @@ def plan_memory(scenario: Scenario, stacks: Stacks, max_request_tokens: int, con
     host_weights = offloaded * layer_bytes * tp      # every rank's shard of the offloaded layers
     host_memory = scenario.hardware_spec.host_memory_gb * GB
     if host_weights > host_memory:
-        raise ScenarioError("hardware.host_memory_gb",
+        raise InputError("hardware.host_memory_gb",
                             f"{scenario.hardware_spec.host_memory_gb:g} GB cannot hold the {offloaded} offloaded "
                             f"layers ({host_weights / GB:.1f} GB)")
     max_running = None
@@ -86,7 +90,7 @@ def plan_memory(scenario: Scenario, stacks: Stacks, max_request_tokens: int, con
         kv_capacity = free_device / kv_per_token
         device_needed = one_request_bytes
     if free_device < device_needed or kv_capacity < max_request_tokens + partial_tokens:
-        raise ScenarioError(
+        raise InputError(
             "hardware.memory_gb",
             f"{scenario.hardware_spec.memory_gb:g} GB x {scenario.scheduler.kv_memory_fraction:g} cannot hold "
             f"{fixed / GB:.2f} GB of embeddings, draft and workspace plus {resident} resident layers "
@@ -119,7 +123,7 @@ def _offloaded_layers(scenario: Scenario, budget: float, fixed: float, layer_byt
     weights = scenario.offload.weights
     if isinstance(weights, dict):
         if weights["layers"] > layers:
-            raise ScenarioError("offload.weights.layers", f"{weights['layers']} exceeds the model's {layers} layers")
+            raise InputError("offload.weights.layers", f"{weights['layers']} exceeds the model's {layers} layers")
         return weights["layers"]
     if isinstance(weights, float | int) and not isinstance(weights, bool):
         return round(weights * layers)

@@ -21,7 +21,7 @@ import numpy as np
 
 from sim.cost.batch import DRAFT, OVERHEAD, PARTIAL, SELECTION, TRANSFER, Group
 from sim.cost.stack import Stack
-from sim.scenario import Scenario
+from sim.scenario.schema import Scenario
 
 # NCCL all-reduce latency floor for small messages over NVLink/PCIe (one hop ring), seconds.
 ALLREDUCE_LATENCY_S = 8e-6

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.presets import ModelSpec
-from sim.scenario import Scenario
+from sim.scenario.presets import ModelSpec
+from sim.scenario.schema import Scenario
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,65 @@
+"""`python -m profiler inspect DIR`: what a calibration bundle measured, against the hardware spec.
+
+One row per operator: its grid, the time range, and the best achieved memory bandwidth and FLOP
+rate over its points (bytes and FLOPs it must move and compute, over the measured median), each
+also as a share of the datasheet figure of the simulator's hardware preset for that device.
+Then the held-out error, the timing noise it follows (how far one point's timing rounds
+lie apart) and the fitted engine overheads.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def inspect_bundle(path: Path) -> None:
+    """Print the bundle's operators, rates against the datasheet, held-out error and fits."""
+    import pandas as pd
+
+    from sim.formats.bundle import load_bundle
+    from sim.formats.bundle import PROFILE, timing_noise_line
+    from sim.formats.provenance import repo_relative
+    from sim.scenario.presets.hardware import HARDWARE
+
+    bundle = load_bundle(path)
+    meta = bundle.meta
+    frame = pd.read_parquet(bundle.path / PROFILE)
+    hw = HARDWARE.get(meta["device"].get("hardware"))
+    peak_gb_s = hw.hbm_gb_s if hw else None
+    peak_tflops = hw.peak_tflops(meta["dtype"]) if hw else None
+    print(f"{repo_relative(bundle.path)}: {meta['model']['name']} {meta['dtype']} on {meta['device']['name']} "
+          f"({meta['cpu']['threads']} threads), torch {meta['versions']['torch']}, {meta['date']}, "
+          f"git {meta['git_revision'][:12]}")
+    if hw:
+        print(f"datasheet ({hw.name}): {peak_gb_s:g} GB/s, {peak_tflops:g} TFLOP/s {meta['dtype']}")
+    header = f"{'operator':<18} {'points':>6} {'min':>10} {'max':>10} {'best GB/s':>10} {'of spec':>8} " \
+             f"{'best TFLOP/s':>12} {'of spec':>8} {'held-out':>8}"
+    print(header)
+    print("-" * len(header))
+    per_op = meta.get("held_out", {}).get("per_operator", {})
+    for op in meta["grid"]:
+        rows = frame[(frame.op == op) & ~frame.held_out]
+        gb_s = (rows.bytes_moved / rows.seconds).max() / 1e9
+        tflops = (rows.flops / rows.seconds).max() / 1e12
+        share = lambda value, peak: f"{value / peak:.0%}" if peak and value > 0 else "-"
+        # A black-box bundle (`calibrate --engine hf`) times whole forwards: no bytes or FLOPs.
+        rate = lambda value, spec: format(value, spec) if value == value else "-"
+        err = per_op.get(op)
+        print(f"{op:<18} {len(rows):>6} {_time(rows.seconds.min()):>10} {_time(rows.seconds.max()):>10} "
+              f"{rate(gb_s, '.1f'):>10} {share(gb_s, peak_gb_s):>8} {rate(tflops, '.3f'):>12} "
+              f"{share(tflops, peak_tflops):>8} "
+              f"{f'{err:.1%}' if err is not None else '-':>8}")
+    held = meta.get("held_out", {})
+    if held.get("median_abs_error") is not None:
+        print(f"held-out error: median {held['median_abs_error']:.1%}, P90 {held['p90_abs_error']:.1%}, worst "
+              f"{held['max_abs_error']:.1%} over {held['points']} points; whole forwards: median "
+              f"{held['forward_median_abs_error']:.1%}")
+    if bundle.round_spread is not None:
+        print(timing_noise_line(bundle.round_spread, int(bundle.meta["rounds"])))
+    fits = meta.get("fits", {})
+    if fits:
+        print(f"fitted engine host time per step: "
+              f"{fits['step_overhead_s'] * 1e6:.0f} us + {fits['request_overhead_s'] * 1e6:.0f} us per request")
+
+
+def _time(seconds: float) -> str:
+    return f"{seconds * 1e6:.0f} us" if seconds < 1e-3 else f"{seconds * 1e3:.1f} ms"

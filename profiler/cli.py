@@ -1,0 +1,210 @@
+"""python -m profiler live | campaign | hf-live | calibrate | inspect (docs/live.md, docs/architecture.md).
+
+Every argument parser of the profiler is here; each command's arguments become a typed config
+(LiveConfig, CampaignConfig, CalibrateConfig) and the command is a function call. Bad input is one
+line on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from profiler.live.config import DEFAULT_PROMPTS
+from sim.errors import exit_code
+from sim.formats.names import LIVE_METHODS
+
+if TYPE_CHECKING:
+    from profiler.live.config import LiveConfig
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Usage mistakes are bad input too: one line, exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+def add_live_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="smollm2",
+                        help="smollm2, a Llama-family .gguf file, a Hugging Face folder (config.json + safetensors), "
+                             "or random weights of a config.json or simulator preset (timing only)")
+    parser.add_argument("--tokenizer", type=Path, default=None,
+                        help="a tokenizer saved by ChatTokenizer.save (for random weights where SmolLM2's is not installed)")
+    parser.add_argument("--method", choices=LIVE_METHODS, default="ngram")
+    parser.add_argument("--k", type=int, default=4, help="drafted tokens per step (chain)")
+    parser.add_argument("--tree", type=_tree_shape, default=None, metavar="W,D",
+                        help="a static tree instead of the chain: W branches of D drafted tokens")
+    parser.add_argument("--draft-model", default="smollm2", help="draft_model: the draft (same forms as --model)")
+    parser.add_argument("--draft-layers", type=int, default=None,
+                        help="draft_model: keep only the draft's first N layers (a smaller model from one checkpoint)")
+    parser.add_argument("--bits", type=int, choices=(4, 8), default=4, help="shadow: weight bits of the draft")
+    parser.add_argument("--group-size", type=int, default=64, help="shadow: quantization group (input columns)")
+    parser.add_argument("--exit-layer", type=int, default=8, help="layerskip: layers the draft runs")
+    parser.add_argument("--sink", type=int, default=16, help="streaming: sink tokens the draft attends")
+    parser.add_argument("--window", type=int, default=64, help="streaming: recent tokens the draft attends")
+    parser.add_argument("--budget", type=int, default=None,
+                        help="SpecPV partial verification: KV tokens selected in blocks (with any drafter)")
+    parser.add_argument("--period", type=int, default=20, help="SpecPV: full verification every P tokens or steps")
+    parser.add_argument("--period-unit", choices=("tokens", "steps"), default="tokens")
+    parser.add_argument("--rectify", action="store_true",
+                        help="SpecPV: full verifications re-check partial-mode tokens and roll back (lossless)")
+    parser.add_argument("--partial-sink", type=int, default=32, help="SpecPV: sink tokens always read")
+    parser.add_argument("--partial-window", type=int, default=128, help="SpecPV: recent tokens always read")
+    parser.add_argument("--block", type=int, default=16, help="SpecPV: selection block, tokens")
+    parser.add_argument("--batch", type=int, default=1, help="requests per batch")
+    parser.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS,
+                        help="JSONL with `prompt` or `turns` (first turn used), optional `category`; "
+                             "default: the project's own 12 prompts")
+    parser.add_argument("--limit", type=int, default=None, help="use the first N prompts")
+    parser.add_argument("--context", type=int, default=None,
+                        help="long-context mode: prompts of this many tokens built from --text")
+    parser.add_argument("--text", type=Path, default=None,
+                        help="long-context mode: a plain-text file, e.g. a public-domain novel")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="0: greedy verification; > 0: sampled drafts, rejection-sampling verification")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus filtering with --temperature")
+    parser.add_argument("--baseline", action="store_true", help="also run autoregressive decoding: speedup")
+    parser.add_argument("--check-lossless", action="store_true",
+                        help="compare with autoregressive output and report mismatches (implies --baseline)")
+    parser.add_argument("--probe", action="store_true",
+                        help="time two fixed forwards of the model before and after the run (meta.json "
+                             "machine_probe): the machine's speed at the run, for `sim validate`")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the model runs; on cuda each phase is synchronized before it is timed")
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                        help="weights and activations; fp32 makes greedy speculation exactly lossless")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, required=True, help="output folder (must not exist)")
+
+
+def _tree_shape(text: str):
+    parts = text.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+        raise argparse.ArgumentTypeError(f"expects W,D with positive integers (got {text!r})")
+    return int(parts[0]), int(parts[1])
+
+
+def add_campaign_arguments(parser: argparse.ArgumentParser) -> None:
+    from profiler.campaign import campaign_names
+
+    parser.add_argument("campaign", help="a campaign's name (" + ", ".join(campaign_names()) + ") or a campaign YAML file")
+    parser.add_argument("--text", type=Path, default=None,
+                        help="plain text the long-context prompts are cut from, e.g. a public-domain novel")
+    parser.add_argument("--out", type=Path, required=True, help="the campaign folder (resumed when it exists)")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="how many times to run it (default: the campaign's `repeats`); repeat N > 1 writes "
+                             "DIR/repeats/N/NAME, even repeats in reverse order")
+    parser.add_argument("--only", nargs="+", default=None, metavar="RUN", help="run only these runs of the campaign")
+    parser.add_argument("--probe", action="store_true",
+                        help="time the machine probe before and after every run (about 7 s a run on a 2-core CPU), "
+                             "so `sim validate` adds predictions at the machine's speed")
+
+
+def add_hf_live_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--method", choices=("none", "ngram"), default="ngram",
+                        help="none: greedy generate(); ngram: generate(prompt_lookup_num_tokens=K)")
+    parser.add_argument("--k", type=int, default=10, help="prompt_lookup_num_tokens")
+    parser.add_argument("--context", type=int, required=True, help="prompt tokens, built as profiler live builds them")
+    parser.add_argument("--text", type=Path, required=True, help="the plain text the prompts are cut from")
+    parser.add_argument("--limit", type=int, default=4, help="prompts (run one at a time: batch 1)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, required=True, help="output folder (must not exist)")
+
+
+def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="where to time (auto: cuda when available)")
+    parser.add_argument("--model", default="smollm2",
+                        help="smollm2, a model preset, or a Llama-family config.json (random weights: only shapes matter)")
+    parser.add_argument("--dtype", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
+                        help="auto: fp32 on the CPU, bf16 on CUDA")
+    parser.add_argument("--quick", action="store_true", help="a coarser grid and one round (at most 3 minutes here)")
+    parser.add_argument("--out", type=Path, help="bundle folder (default calibration/<cpu|gpu name>/<model>)")
+    parser.add_argument("--rounds", type=int,
+                        help="timing rounds per point, the median kept (default 3, and up to 5 while another fits the "
+                             "time limit; quick 1)")
+    parser.add_argument("--operators", help="comma-separated subset of operators (default all)")
+    parser.add_argument("--refit", type=Path, metavar="BUNDLE",
+                        help="keep BUNDLE's operator times and redo only the engine fits (after an engine change)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default torch's)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--engine", choices=("live", "hf"), default="live",
+                        help="live: this project's engine, operator by operator; hf: Hugging Face transformers' "
+                             "model forward as a black box (profiler/blackbox/transformers.py)")
+
+
+def add_inspect_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("bundle", type=Path, help="a bundle folder written by python -m profiler calibrate")
+
+
+COMMANDS = (
+    ("live", "real speculative decoding on a real model, every step recorded", add_live_arguments),
+    ("campaign", "the live runs of a validation campaign, the model loaded once", add_campaign_arguments),
+    ("hf-live", "Hugging Face transformers' own generate (prompt lookup), recorded as a live run",
+     add_hf_live_arguments),
+    ("calibrate", "time the engine's operators on this device; write a bundle", add_calibrate_arguments),
+    ("inspect", "achieved bandwidth and FLOP rate of a bundle's operators", add_inspect_arguments))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="python -m profiler", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    for name, text, add_arguments in COMMANDS:
+        add_arguments(commands.add_parser(name, help=text, formatter_class=argparse.ArgumentDefaultsHelpFormatter))
+    return parser
+
+
+def live_settings(args: argparse.Namespace) -> LiveConfig:
+    """A `profiler live` command line as the run's LiveConfig."""
+    from profiler.live.config import LiveConfig
+
+    return LiveConfig(**{k: v for k, v in vars(args).items() if k != "command"})
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    if args.command == "live":
+        from profiler.live.run import run_live
+
+        run_live(live_settings(args))
+    elif args.command == "campaign":
+        from profiler.campaign import CampaignConfig, run_campaign
+
+        run_campaign(CampaignConfig(campaign=args.campaign, out=args.out, text=args.text, repeats=args.repeats,
+                                    only=tuple(args.only) if args.only else None, probe=args.probe))
+    elif args.command == "hf-live":
+        from profiler.blackbox.transformers import run_transformers_live
+        from profiler.live.config import LiveConfig
+
+        run_transformers_live(LiveConfig(model="hf:smollm2", method=args.method, k=args.k, batch=1,
+                                         context=args.context, text=args.text, limit=args.limit,
+                                         max_new_tokens=args.max_new_tokens, threads=args.threads, seed=args.seed,
+                                         out=args.out))
+    elif args.command == "calibrate":
+        from profiler.calibrate.run import CalibrateConfig, calibrate
+
+        operators = tuple(o.strip() for o in args.operators.split(",") if o.strip()) if args.operators else None
+        config = CalibrateConfig(device=args.device, model=args.model, dtype=args.dtype, quick=args.quick,
+                                 out=args.out, rounds=args.rounds, operators=operators, refit=args.refit,
+                                 threads=args.threads, seed=args.seed, engine=args.engine)
+        if config.engine == "hf":
+            from profiler.blackbox.transformers import calibrate_transformers
+
+            calibrate_transformers(config)
+        else:
+            calibrate(config)
+    elif args.command == "inspect":
+        from profiler.calibrate.inspect import inspect_bundle
+
+        inspect_bundle(args.bundle)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return exit_code(lambda: dispatch(args))

@@ -1,0 +1,43 @@
+"""Facts about the device a measurement runs on, recorded with it: the CPU's model name, the
+simulator's hardware preset a GPU corresponds to, its memory."""
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what platform knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def memory_gb(device: str) -> float:
+    """The device's memory: the GPU's, or the machine's RAM."""
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.get_device_properties(0).total_memory / 1e9
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+
+
+def hardware_name(device_name: str, cuda: bool) -> str:
+    """The simulator's hardware preset a device corresponds to (a bundle from another one warns)."""
+    if not cuda:
+        return "cpu"
+    name = device_name.lower()
+    for needle, preset in (("h200", "h200"), ("h100 pcie", "h100-pcie"), ("h100", "h100-sxm"),
+                           ("a100-sxm4-40", "a100-40g"), ("a100", "a100-80g"), ("l40", "l40"), ("4090", "rtx-4090"),
+                           ("3090", "rtx-3090"), ("4070", "rtx-4070"), ("4060 ti", "rtx-4060-ti-8g"),
+                           ("2080 ti", "rtx-2080-ti")):
+        if needle in name:
+            return preset
+    return "custom"
+
+

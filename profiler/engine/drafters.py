@@ -1,0 +1,200 @@
+"""Drafters: what proposes the tokens the target verifies.
+
+Every drafter fills a static tree (profiler.engine.tree.TreeShape; a chain of k is width 1, depth k)
+below each request's root, the last committed token at position p:
+  ngram        prompt lookup: the continuations of the latest earlier matches of the last
+               3, 2 or 1 tokens, one distinct candidate per branch;
+  layerskip    the target's first layers + final norm + LM head;
+  streaming    the whole target attending a sink + recent window only (MagicDec);
+  shadow       the target's layers weight-only quantized (SubSpec);
+  draft_model  a separate smaller model with its own KV cache.
+A model draft runs one forward per level: the root first, then the `width` nodes of each level.
+The first level takes the top-`width` tokens (greedy) or `width` i.i.d. samples (sampled
+verification needs them i.i.d. from one q); each branch then continues with its own argmax or
+sample. Self-drafters share the target's KV cache and write their K/V at the node slots, which
+the verification overwrites.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from profiler.engine.model import Llama, add_tree_edges, causal_mask, context_mask
+from profiler.engine.tree import TreeShape
+
+
+@dataclass
+class DraftInput:
+    """What a drafter sees for one step: B requests, the root of each at `positions`."""
+    model: Llama                  # the target
+    history: list[list[int]]      # prompt + output so far, per request
+    last: Tensor                  # [B] root tokens (the last committed)
+    positions: Tensor             # [B] their positions (= cache slots)
+    shape: TreeShape
+
+
+class Drafter:
+    name = "none"
+
+    def prepare(self, model: Llama, prompts: list[list[int]], max_seq: int) -> None:
+        """Called once the target's KV cache exists (a drafter sharing it links to it here)."""
+
+    def propose(self, step: DraftInput, sampler=None) -> tuple[Tensor, Tensor | None]:
+        """Node tokens [B, nodes] and the distributions they were drawn from [B, nodes, V]
+        (None: deterministic candidates)."""
+        raise NotImplementedError
+
+    def keep_rows(self, model: Llama, rows: Tensor) -> None:
+        """The batch dropped finished requests; `model` has kept cache rows `rows`."""
+
+    def move_kv(self, rows: Tensor, source: Tensor, target: Tensor) -> None:
+        """The accepted path's nodes moved from tree slots to positions (own caches only)."""
+
+
+class NgramDrafter(Drafter):
+    """Prompt lookup over prompt + output: the tokens after the latest earlier occurrence of the
+    history's last n-gram (n from max_ngram down to 1); a tree takes further matches with other
+    next tokens. No match proposes the last token repeated."""
+    name = "ngram"
+
+    def __init__(self, max_ngram: int = 3):
+        self.max_ngram = max_ngram
+
+    def propose(self, step, sampler=None):
+        w, d = step.shape.width, step.shape.depth
+        return torch.tensor([sum(self.lookup_many(tokens, d, w), []) for tokens in step.history]), None
+
+    def lookup(self, tokens: list[int], k: int) -> list[int]:
+        return self.lookup_many(tokens, k, 1)[0]
+
+    def lookup_many(self, tokens: list[int], k: int, count: int) -> list[list[int]]:
+        """Up to `count` continuations of k tokens with distinct first tokens, best match first."""
+        found: list[list[int]] = []
+        for n in range(min(self.max_ngram, len(tokens) - 1), 0, -1):
+            tail = tokens[-n:]
+            for start in range(len(tokens) - n - 1, -1, -1):
+                if tokens[start:start + n] == tail:
+                    follow = tokens[start + n:start + n + k]
+                    if all(f[0] != follow[0] for f in found):
+                        found.append(follow + [follow[-1]] * (k - len(follow)))
+                        if len(found) == count:
+                            return found
+        found = found or [[tokens[-1]] * k]
+        return found + [found[-1]] * (count - len(found))
+
+
+class ModelDrafter(Drafter):
+    """Drafts with a Llama (`draft_model(step)`), one forward per tree level."""
+    sink: int | None = None
+    window: int | None = None
+    exit_layer: int | None = None
+
+    def draft_model(self, step: DraftInput) -> Llama:
+        return step.model
+
+    def first_forward(self, model: Llama, step: DraftInput) -> Tensor:
+        """Logits [B, V] after each root."""
+        pos = step.positions[:, None]
+        mask = context_mask(pos, pos, int(pos.max()) + 1, self.sink, self.window)
+        return model(step.last[:, None], pos, mask=mask, exit_layer=self.exit_layer)[:, -1]
+
+    def propose(self, step, sampler=None):
+        model, shape = self.draft_model(step), step.shape
+        B, root = len(step.last), step.positions
+        device = root.device
+        nodes = torch.zeros(B, shape.nodes, dtype=torch.long, device=device)
+        probs = None
+        logits = self.first_forward(model, step)                                  # [B, V]
+        for level in range(1, shape.depth + 1):
+            at = shape.level_nodes(level).to(device)
+            if sampler is None:
+                chosen = logits.topk(shape.width, dim=-1).indices if level == 1 else logits.argmax(-1)
+            else:
+                q = sampler.probs(logits)
+                if probs is None:
+                    probs = torch.zeros(B, shape.nodes, q.shape[-1], device=device)
+                if level == 1:        # width i.i.d. samples from one q, as SpecInfer's verification needs
+                    chosen = torch.multinomial(q, shape.width, replacement=True, generator=sampler.generator)
+                    probs[:, at] = q[:, None]
+                else:
+                    chosen = torch.multinomial(q.reshape(-1, q.shape[-1]), 1, generator=sampler.generator)
+                    chosen = chosen.reshape(B, shape.width)
+                    probs[:, at] = q
+            nodes[:, at] = chosen.reshape(B, shape.width)
+            if level == shape.depth:
+                break
+            # Feed this level's nodes (one per branch) to get the next level.
+            tokens = nodes[:, at]
+            slots = root[:, None] + 1 + at
+            positions = root[:, None] + level
+            span = int(root.max()) + 1 + shape.nodes
+            mask = context_mask(root[:, None].expand(B, shape.width), positions, span, self.sink, self.window)
+            mask = add_tree_edges(mask, torch.arange(shape.width, device=device).expand(B, -1),
+                                  root[:, None] + 1 + torch.arange(shape.nodes, device=device), shape.ancestors[at.cpu()])
+            logits = model(tokens, positions, mask=mask, slots=slots, exit_layer=self.exit_layer)     # [B, W, V]
+        return nodes, probs
+
+
+class SelfDrafter(ModelDrafter):
+    """The target drafting for itself with less work: its first layers (LayerSkip) or all layers
+    over a sink + recent-window KV budget (streaming, MagicDec). Its KV writes at the node slots
+    are overwritten by the verification."""
+
+    def __init__(self, exit_layer: int | None = None, sink: int | None = None, window: int | None = None):
+        self.exit_layer, self.sink, self.window = exit_layer, sink, window
+        self.name = "layerskip" if exit_layer is not None else "streaming"
+
+
+class ShadowDrafter(ModelDrafter):
+    """SubSpec: the target's own layers quantized (profiler.engine.shadow), sharing its KV cache."""
+
+    def __init__(self, target: Llama, bits: int = 4, group_size: int = 64, use_kernels: bool | None = None):
+        from profiler.engine.shadow import shadow_model
+
+        self.name = f"shadow-int{bits}"
+        self.shadow = shadow_model(target, bits, group_size, use_kernels)
+
+    def prepare(self, model, prompts, max_seq):
+        from profiler.engine.shadow import share_caches
+
+        share_caches(self.shadow, model)
+
+    def keep_rows(self, model, rows):
+        self.prepare(model, [], 0)
+
+    def draft_model(self, step):
+        return self.shadow
+
+
+class DraftModelDrafter(ModelDrafter):
+    """A separate smaller model with its own KV cache, prefilled with the prompts. Each step it
+    catches up by re-feeding the token before the root with the root (the token before the root
+    may be a fully accepted last draft it never ran)."""
+    name = "draft_model"
+
+    def __init__(self, draft: Llama):
+        self.draft = draft
+
+    def prepare(self, model, prompts, max_seq):
+        from profiler.engine.generate import prefill_logits
+
+        self.draft.setup_cache(len(prompts), max_seq)
+        prefill_logits(self.draft, prompts)
+
+    def draft_model(self, step):
+        return self.draft
+
+    def first_forward(self, model, step):
+        device = step.positions.device
+        pos = step.positions[:, None] + torch.tensor([-1, 0], device=device)                  # [B, 2]
+        previous = torch.tensor([h[p - 1] for h, p in zip(step.history, step.positions.tolist())], device=device)
+        tokens = torch.stack([previous, step.last], dim=1)
+        return model(tokens, pos, mask=causal_mask(pos, int(pos.max()) + 1))[:, -1]
+
+    def keep_rows(self, model, rows):
+        self.draft.keep_rows(rows)
+
+    def move_kv(self, rows, source, target):
+        self.draft.move_kv(rows, source, target)

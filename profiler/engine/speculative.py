@@ -1,0 +1,384 @@
+"""Speculative decoding on the torch Llama: one engine loop for every method, every step recorded.
+
+One engine step for a batch of requests, each at its own position p (its last committed token,
+the root, whose KV is not written yet):
+  1. the drafter fills a static tree below each root (a chain of k is the tree 1 x k);
+  2. one target forward runs [root, nodes] (node n at cache slot p + 1 + n, rotary position
+     p + its level, attending its ancestors), writing their KV;
+  3. each request keeps the longest path of drafts the target agrees with (greedy match, or
+     rejection sampling with a temperature), plus the target's own next token, moves the accepted
+     nodes' KV to consecutive positions, and advances.
+Rejected drafts need no rollback: their KV sits past the request's position, where no query looks
+until a later step overwrites it. Greedy verification is lossless: the output is the target's
+greedy output token for token. Requests leave the batch (their cache rows are dropped) when done.
+
+SpecPV (`partial`): once a request's context exceeds sink + budget + window, it verifies against
+a partial KV cache (profiler.engine.partial) and every `period` tokens (or steps) runs a full
+verification instead, re-feeding the tokens accepted since the last refresh through full
+attention and taking new block summaries. With `rectify` that full verification also re-checks
+those tokens and rolls back at the first disagreement, and a request's last tokens are checked
+before it finishes: the output is then the target's own.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from profiler.engine.drafters import DraftInput, Drafter
+from profiler.engine.model import KernelLayout, Llama, add_tree_edges, context_mask
+from profiler.engine.partial import PartialSpec, PartialStep
+from profiler.engine.sampling import probs_from_logits, sample, verify_chain
+from profiler.engine.tree import TreeShape, verify_tree_greedy, verify_tree_stochastic
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """Temperature > 0 with nucleus filtering; greedy decoding uses no Sampler."""
+    temperature: float
+    top_p: float = 1.0
+    generator: torch.Generator | None = None
+
+    def probs(self, logits: Tensor) -> Tensor:
+        return probs_from_logits(logits, self.temperature, self.top_p)
+
+    def draw(self, logits: Tensor) -> tuple[Tensor, Tensor]:
+        probs = self.probs(logits)
+        return sample(probs, self.generator), probs
+
+
+@dataclass
+class StepRecord:
+    step: int
+    request: int
+    mode: str
+    query_tokens: int
+    kv_tokens: int
+    drafted: int
+    accepted: int
+    committed: int
+    accept_flags: list[bool]
+    draft_s: float
+    verify_s: float
+    other_s: float
+    selection_s: float = 0.0
+    refed: int = 0                 # SpecPV full verification: tokens re-fed through full attention
+    rolled_back: int = 0           # SpecPV rectify: committed tokens discarded at this step
+
+
+@dataclass
+class Generation:
+    outputs: list[list[int]]
+    steps: list[StepRecord] = field(default_factory=list)
+    prefill_s: float = 0.0
+    first_token_s: list[float] = field(default_factory=list)
+    finish_s: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+@dataclass
+class RequestState:
+    """One request's running state in the engine."""
+    request: int                   # index in the prompts given
+    history: list[int]             # prompt + output; the token at position q is history[q]
+    prompt_tokens: int
+    refresh: int | None = None     # SpecPV: position of the last refresh (None: never refreshed)
+    steps_since: int = 0           # SpecPV: partial steps since the refresh
+    final_check: bool = False      # SpecPV rectify: complete, but its last tokens are unchecked
+
+    @property
+    def position(self) -> int:
+        return len(self.history) - 1
+
+    @property
+    def output(self) -> list[int]:
+        return self.history[self.prompt_tokens:]
+
+
+@torch.inference_mode()
+def speculative_generate(model: Llama, prompts: list[list[int]], max_new_tokens: int, drafter: Drafter | None,
+                         k: int = 4, eos_id: int | None = None, sampler: Sampler | None = None,
+                         tree: TreeShape | None = None, partial: PartialSpec | None = None,
+                         use_kernels: bool | None = None) -> Generation:
+    """Generation of every prompt, greedy (or sampled with `sampler`); speculative when `drafter`
+    is given, drafting a chain of k or `tree`; SpecPV partial verification with `partial`.
+    use_kernels: verification attention by kernels.attention (default: on CUDA; on the CPU it
+    needs TRITON_INTERPRET=1 and runs the Triton code interpreted, for tests)."""
+    from profiler.engine.generate import prefill_logits
+
+    if partial is not None and partial.rectify and sampler is not None:
+        raise ValueError("rectify re-checks greedy choices; it takes no temperature")
+    shape = (tree or TreeShape(1, k)) if drafter is not None else None
+    device = model.lm_head.weight.device
+    use_kernels = device.type == "cuda" if use_kernels is None else use_kernels
+    # Phase times are wall times: on a GPU each phase is synchronized before its clock is read.
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    nodes_per_step = shape.nodes if shape is not None else 0
+    B = len(prompts)
+    # Room for the longest request, its tree, and the padding of a step whose rows re-feed
+    # different numbers of tokens (SpecPV: up to a period's worth, placed after each row's own).
+    refeed = 0
+    if partial is not None:
+        refeed = partial.period * (nodes_per_step + 1) if partial.period_unit == "steps" else partial.period + nodes_per_step + 1
+    max_seq = max(len(p) for p in prompts) + max_new_tokens + 2 * (nodes_per_step + 1) + refeed + 2
+    model.setup_cache(B, max_seq)
+    start = time.perf_counter()
+    if drafter is not None:
+        drafter.prepare(model, prompts, max_seq)
+    first_logits = prefill_logits(model, prompts)
+    first = (first_logits.argmax(-1) if sampler is None else sampler.draw(first_logits)[0]).tolist()
+    now = time.perf_counter()
+    gen = Generation(outputs=[], prefill_s=now - start, first_token_s=[now - start] * B, finish_s=[0.0] * B)
+    alive = [RequestState(b, list(p) + [int(t)], len(p)) for b, (p, t) in enumerate(zip(prompts, first))]
+    finals: dict[int, list[int]] = {}
+    step = 0
+    alive = _drop_finished(model, drafter, alive, finals, gen, start, max_new_tokens, eos_id, partial)
+    while alive:
+        step += 1
+        t0 = time.perf_counter()
+        positions = torch.tensor([r.position for r in alive], device=device)
+        last = torch.tensor([r.history[-1] for r in alive], device=device)
+        modes = [_mode(r, drafter, partial) for r in alive]
+        nodes, node_probs = (drafter.propose(DraftInput(model, [r.history for r in alive], last, positions, shape),
+                                             sampler) if drafter is not None else (None, None))
+        if nodes is not None:
+            nodes = nodes.to(device)
+        sync()
+        t1 = time.perf_counter()
+        layout = _lay_out_step(alive, modes, None if nodes is None else nodes.cpu(), shape, partial, device,
+                               use_kernels)
+        logits = model(layout.tokens, layout.positions, mask=layout.mask, slots=layout.slots,
+                       logits_at=layout.logits_at, partial=layout.partial, kernel=layout.kernel)   # [M, L, V]
+        sync()
+        t2 = time.perf_counter()
+        selection_s = layout.partial.selection_s if layout.partial is not None else 0.0
+        moves, refreshed = [], []
+        at = (torch.tensor(layout.verify_from)[:, None] + torch.arange(1 + nodes_per_step)).to(device)
+        verify_logits = logits.gather(1, at[..., None].expand(-1, -1, logits.shape[-1]))          # [M, 1 + N, V]
+        chains = _verify_chains(verify_logits, nodes, sampler, node_probs) if shape is None or shape.width == 1 else None
+        node_lists = nodes.tolist() if nodes is not None else None
+        for b, r in enumerate(alive):
+            rolled_back = _rectify(r, logits[b]) if modes[b] == "full" and partial.rectify else 0
+            if rolled_back:
+                new, path, flags = [], [], [False] * nodes_per_step
+                r.final_check = False
+            else:
+                if chains is not None:
+                    path, flags, following = chains[b]
+                else:
+                    path, flags, following = _verify_tree(verify_logits[b], node_lists[b], shape, sampler,
+                                                          None if node_probs is None else node_probs[b])
+                new = [] if r.final_check else [node_lists[b][n] for n in path] + [following]
+                new = _truncate(new, r.output, max_new_tokens, eos_id)
+                root = r.position
+                moves += [(b, root + 1 + n, root + 1 + i) for i, n in enumerate(path[:len(new)]) if n != i]
+                r.history.extend(new)
+            if modes[b] == "full":
+                refreshed.append(b)
+            elif modes[b] == "partial":
+                r.steps_since += 1
+            gen.steps.append(StepRecord(step, r.request, modes[b], layout.query_tokens[b], layout.kv_tokens[b],
+                                        nodes_per_step, len(path), 1 - rolled_back if rolled_back else len(new),
+                                        flags, t1 - t0,
+                                        t2 - t1 - selection_s, 0.0, refed=layout.refed[b], rolled_back=rolled_back))
+        if moves:
+            rows, source, target = (torch.tensor(column, device=device) for column in zip(*moves))
+            model.move_kv(rows, source, target)
+            drafter.move_kv(rows, source, target)
+        sync()
+        t3 = time.perf_counter()
+        if refreshed:
+            for b in refreshed:
+                alive[b].refresh, alive[b].steps_since = alive[b].position, 0
+            rows = torch.tensor(refreshed, device=device)
+            model.refresh_summaries(rows, torch.tensor([alive[b].position for b in refreshed], device=device),
+                                    partial.block)
+        sync()
+        t4 = time.perf_counter()
+        alive = _drop_finished(model, drafter, alive, finals, gen, start, max_new_tokens, eos_id, partial)
+        sync()
+        t5 = time.perf_counter()
+        for record in gen.steps[-len(modes):]:
+            record.selection_s = selection_s + (t4 - t3)
+            record.other_s = (t3 - t2) + (t5 - t4)
+    gen.outputs = [finals[b] for b in range(B)]
+    gen.wall_s = time.perf_counter() - start
+    return gen
+
+
+def _mode(r: RequestState, drafter: Drafter | None, partial: PartialSpec | None) -> str:
+    """decode (no drafter), verify (full attention), or SpecPV's partial / full verification."""
+    if drafter is None:
+        return "decode"
+    if partial is None or r.position <= partial.static_tokens:
+        return "verify"
+    since = r.position - r.refresh if r.refresh is not None else 0
+    due = since >= partial.period if partial.period_unit == "tokens" else r.steps_since >= partial.period
+    return "full" if r.refresh is None or due or r.final_check else "partial"
+
+
+@dataclass
+class StepLayout:
+    """One target forward over a ragged batch, padded to T tokens per row."""
+    tokens: Tensor            # [M, T]
+    positions: Tensor         # [M, T] rotary positions
+    slots: Tensor             # [M, T] cache slots (padding writes to the trash slot)
+    mask: Tensor              # [M, 1, T, S]
+    logits_at: Tensor         # [M, L] which tokens' logits come back
+    verify_from: list[int]    # per row: index in the returned logits of the root's
+    query_tokens: list[int]
+    kv_tokens: list[int]
+    refed: list[int]
+    partial: PartialStep | None
+    kernel: KernelLayout | None       # on CUDA: the step as kernels.attention takes it
+
+
+def _lay_out_step(alive: list[RequestState], modes: list[str], nodes: Tensor | None, shape: TreeShape | None,
+                  partial: PartialSpec | None, device: torch.device, use_kernels: bool) -> StepLayout:
+    """Per row: [re-fed tokens (full verification), root, tree nodes]; built on the host, then
+    moved to the model's device."""
+    M = len(alive)
+    n_nodes = shape.nodes if nodes is not None else 0
+    refeed = [r.history[r.refresh:r.position] if m == "full" and r.refresh is not None else []
+              for r, m in zip(alive, modes)]
+    lengths = [len(f) + 1 + n_nodes for f in refeed]
+    T = max(lengths)
+    tokens = torch.zeros(M, T, dtype=torch.long)
+    positions = torch.zeros(M, T, dtype=torch.long)
+    slots = torch.zeros(M, T, dtype=torch.long)
+    context_end = torch.zeros(M, T, dtype=torch.long)      # padding sees slot 0 only: no empty softmax
+    first_logit, kv_tokens = [], []
+    rectify = partial is not None and partial.rectify
+    for b, (r, m, f) in enumerate(zip(alive, modes, refeed)):
+        p, o = r.position, len(f)
+        span = torch.arange(p - o, p + 1)
+        tokens[b, :o + 1] = torch.tensor(f + [r.history[-1]])
+        positions[b, :o + 1] = slots[b, :o + 1] = context_end[b, :o + 1] = span
+        if n_nodes:
+            tokens[b, o + 1:o + 1 + n_nodes] = nodes[b]
+            positions[b, o + 1:o + 1 + n_nodes] = p + shape.levels
+            slots[b, o + 1:o + 1 + n_nodes] = p + 1 + torch.arange(n_nodes)
+            context_end[b, o + 1:o + 1 + n_nodes] = p
+        # Padding goes to the slots right after the row's own tokens (past its position: no query
+        # looks there, a later step overwrites them), so every row's T tokens are consecutive.
+        pad = T - lengths[b]
+        slots[b, lengths[b]:] = p + 1 + n_nodes + torch.arange(pad)
+        first_logit.append(0 if m == "full" and rectify else o)
+        kv_tokens.append(p + 1 + n_nodes)
+    S = int(slots.max()) + 1
+    mask = context_mask(context_end, positions, S)
+    if n_nodes:
+        offsets = torch.tensor([len(f) + 1 for f in refeed])[:, None]
+        roots = torch.tensor([r.position for r in alive])[:, None]
+        mask = add_tree_edges(mask, offsets + torch.arange(n_nodes), roots + 1 + torch.arange(n_nodes),
+                              shape.ancestors)
+    L = max(n - f for n, f in zip(lengths, first_logit))
+    logits_at = torch.tensor([[min(f + i, n - 1) for i in range(L)] for n, f in zip(lengths, first_logit)])
+    step = None
+    partial_rows = [b for b, m in enumerate(modes) if m == "partial"]
+    if partial_rows:
+        refresh = torch.tensor([alive[b].refresh for b in partial_rows])
+        ends = torch.tensor([alive[b].position + 1 + n_nodes for b in partial_rows])
+        query_valid = torch.arange(T)[None, :] < torch.tensor([lengths[b] for b in partial_rows])[:, None]
+        step = PartialStep(partial, torch.tensor(partial_rows, device=device), (refresh - partial.window).to(device),
+                           ends.to(device), query_valid.to(device))
+        for i, b in enumerate(partial_rows):
+            window_start = int(refresh[i]) - partial.window
+            candidates = max(0, window_start // partial.block - -(-partial.sink // partial.block))
+            kv_tokens[b] = (partial.sink + min(candidates, partial.budget_blocks) * partial.block
+                            + int(ends[i]) - window_start)
+    kernel = None
+    if use_kernels:
+        starts = torch.tensor([r.position - len(f) for r, f in zip(alive, refeed)])
+        new_slots = starts[:, None] + torch.arange(T)
+        tree_mask = mask[:, 0].gather(2, new_slots[:, None, :].expand(M, T, T))
+        kernel = KernelLayout((starts + T).to(device=device, dtype=torch.int32), tree_mask.to(device))
+    tokens, positions, slots, mask, logits_at = (t.to(device) for t in (tokens, positions, slots, mask, logits_at))
+    return StepLayout(tokens, positions, slots, mask, logits_at,
+                      [o - f for o, f in zip((len(f) for f in refeed), first_logit)], lengths, kv_tokens,
+                      [len(f) for f in refeed], step, kernel)
+
+
+def _verify_chains(rows: Tensor, nodes: Tensor | None, sampler: Sampler | None,
+                   node_probs: Tensor | None) -> list[tuple[list[int], list[bool], int]]:
+    """Chains (or plain decoding), the whole batch at once. rows [M, 1 + k, V]: target logits
+    after the root and each draft. Per request: (accepted node indices, per-position accept
+    flags, the target's next token)."""
+    if nodes is None:
+        following = rows[:, 0].argmax(-1) if sampler is None else sampler.draw(rows[:, 0])[0]
+        return [([], [], t) for t in following.tolist()]
+    if sampler is None:
+        choice = rows.argmax(-1)                                                    # [M, 1 + k]
+        flags = nodes == choice[:, :-1]
+        accepted = flags.long().cumprod(dim=1).sum(dim=1)                           # longest matching prefix
+        following = choice.gather(1, accepted[:, None])[:, 0]
+    else:
+        flags, accepted, following = verify_chain(sampler.probs(rows), nodes, node_probs, sampler.generator)
+    return [(list(range(n)), f, t) for n, f, t in zip(accepted.tolist(), flags.tolist(), following.tolist())]
+
+
+def _verify_tree(rows: Tensor, nodes: list[int], shape: TreeShape, sampler: Sampler | None,
+                 node_probs: Tensor | None) -> tuple[list[int], list[bool], int]:
+    """One request's tree. rows [1 + N, V]: target logits after the root and each node."""
+    if sampler is None:
+        path, n, following = verify_tree_greedy(shape, nodes, rows.argmax(-1).tolist())
+    else:
+        path, n, following = verify_tree_stochastic(shape, nodes, sampler.probs(rows), node_probs, sampler.generator)
+    return path, [True] * n + [False] * (shape.depth - n), following
+
+
+def _rectify(r: RequestState, logits: Tensor) -> int:
+    """SpecPV rectify at a full verification: the re-fed tokens' full-attention choices against
+    what was committed after the refresh. Rolls the history back to the first disagreement and
+    commits the target's token there; returns how many committed tokens were discarded."""
+    if r.refresh is None:
+        return 0
+    refreshed_at = r.refresh
+    checked = r.history[refreshed_at + 1:r.position + 1]          # chosen under partial attention
+    choice = logits[:len(checked)].argmax(-1).tolist()
+    bad = next((i for i, (c, t) in enumerate(zip(choice, checked)) if c != t), None)
+    if bad is None:
+        return 0
+    keep = refreshed_at + 1 + bad
+    discarded = len(r.history) - keep
+    del r.history[keep:]
+    r.history.append(choice[bad])
+    return discarded
+
+
+def _drop_finished(model, drafter, alive, finals, gen, start, max_new_tokens, eos_id, partial):
+    """Requests whose output is complete leave the batch; with rectify, only once their tokens
+    since the last refresh were checked by a full verification."""
+    keep = []
+    for b, r in enumerate(alive):
+        if not _finished(r.output, max_new_tokens, eos_id):
+            keep.append(b)
+            continue
+        unchecked = partial is not None and partial.rectify and r.refresh is not None and r.position > r.refresh
+        if unchecked:             # one more step: a full verification checks them
+            r.final_check = True
+            keep.append(b)
+            continue
+        finals[r.request] = r.output
+        gen.finish_s[r.request] = time.perf_counter() - start
+    if len(keep) < len(alive):
+        rows = torch.tensor(keep, dtype=torch.long, device=model.lm_head.weight.device)
+        model.keep_rows(rows)
+        if drafter is not None:
+            drafter.keep_rows(model, rows)
+    return [alive[b] for b in keep]
+
+
+
+def _finished(output: list[int], max_new_tokens: int, eos_id: int | None) -> bool:
+    return len(output) >= max_new_tokens or (eos_id is not None and bool(output) and output[-1] == eos_id)
+
+
+def _truncate(new: list[int], output: list[int], max_new_tokens: int, eos_id: int | None) -> list[int]:
+    """Keep what the request may still emit: up to max_new_tokens, and nothing after EOS."""
+    new = new[:max_new_tokens - len(output)]
+    if eos_id is not None and eos_id in new:
+        new = new[:new.index(eos_id) + 1]
+    return new

@@ -1,0 +1,97 @@
+"""A live run's settings, typed and checked: what `python -m profiler live` parses, what a campaign's
+YAML gives each run, and what meta.json records as the run's `arguments`."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from sim.errors import InputError
+from sim.formats.names import LIVE_METHODS
+from sim.formats.provenance import repo_relative
+
+DEFAULT_PROMPTS = Path(__file__).resolve().parent / "prompts.jsonl"
+
+
+class LiveConfig(BaseModel):
+    """One live run. Field names are the command line's flags (underscored)."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = "smollm2"               # smollm2, a .gguf, a Hugging Face folder, a config.json or preset (random weights)
+    tokenizer: Path | None = None        # a tokenizer saved by ChatTokenizer.save
+    method: Literal[LIVE_METHODS] = "ngram"
+    k: int = 4                           # drafted tokens per step (chain)
+    tree: tuple[int, int] | None = None  # a static tree instead of the chain: W branches of D tokens
+    draft_model: str = "smollm2"         # draft_model: the draft (same forms as model)
+    draft_layers: int | None = None      # draft_model: keep only the draft's first N layers
+    bits: Literal[4, 8] = 4              # shadow: weight bits of the draft
+    group_size: int = 64                 # shadow: quantization group (input columns)
+    exit_layer: int = 8                  # layerskip: layers the draft runs
+    sink: int = 16                       # streaming: sink tokens the draft attends
+    window: int = 64                     # streaming: recent tokens the draft attends
+    budget: int | None = None            # SpecPV partial verification: KV tokens selected in blocks
+    period: int = 20                     # SpecPV: full verification every P tokens or steps
+    period_unit: Literal["tokens", "steps"] = "tokens"
+    rectify: bool = False                # SpecPV: full verifications re-check partial-mode tokens (lossless)
+    partial_sink: int = 32               # SpecPV: sink tokens always read
+    partial_window: int = 128            # SpecPV: recent tokens always read
+    block: int = 16                      # SpecPV: selection block, tokens
+    batch: int = 1                       # requests per static batch
+    prompts: Path = DEFAULT_PROMPTS      # JSONL with `prompt` or `turns`, optional `category`
+    limit: int | None = None             # the first N prompts
+    context: int | None = None           # long-context mode: prompts of this many tokens cut from `text`
+    text: Path | None = None             # long-context mode: a plain-text file
+    max_new_tokens: int = 64
+    temperature: float = 0.0             # 0: greedy verification; > 0: rejection sampling
+    top_p: float = 1.0
+    baseline: bool = False               # also run autoregressive decoding: speedup
+    check_lossless: bool = False         # compare with autoregressive output (implies baseline)
+    probe: bool = False                  # time the machine probe before and after the run
+    threads: int | None = None           # torch CPU threads
+    device: Literal["cpu", "cuda"] = "cpu"
+    dtype: Literal["fp32", "bf16"] = "fp32"
+    seed: int = 0
+    out: Path                            # the run folder to write (must not exist)
+
+    def recorded(self) -> dict:
+        """The settings as meta.json records them (`arguments`): paths relative to the repository."""
+        values = self.model_dump(mode="json")
+        for name in ("tokenizer", "prompts", "text", "out"):
+            values[name] = repo_relative(getattr(self, name))
+        return values
+
+
+def check_config(settings: LiveConfig) -> None:
+    """Every rule a run's settings must meet before anything loads, as one-line errors naming the flag."""
+    for name in ("k", "batch", "max_new_tokens", "exit_layer", "sink", "window", "group_size", "period",
+                 "partial_sink", "partial_window", "block"):
+        if getattr(settings, name) < 1:
+            raise InputError(f"--{name.replace('_', '-')}", f"must be >= 1 (got {getattr(settings, name)})")
+    if settings.temperature < 0:
+        raise InputError("--temperature", f"must be >= 0 (got {settings.temperature})")
+    if not 0 < settings.top_p <= 1:
+        raise InputError("--top-p", f"must be in (0, 1] (got {settings.top_p})")
+    if (settings.context is None) != (settings.text is None):
+        raise InputError("--context", "long-context mode needs both --context and --text")
+    if settings.context is not None and settings.context < 64:
+        raise InputError("--context", f"must be >= 64 tokens (got {settings.context})")
+    if settings.limit is not None and settings.limit < 1:
+        raise InputError("--limit", f"must be >= 1 (got {settings.limit})")
+    if settings.draft_layers is not None and settings.draft_layers < 1:
+        raise InputError("--draft-layers", f"must be >= 1 (got {settings.draft_layers})")
+    if settings.budget is not None:
+        if settings.method == "none":
+            raise InputError("--budget", "partial verification needs a drafter (--method other than none)")
+        if settings.budget < settings.block or settings.budget % settings.block:
+            raise InputError("--budget", f"must be a positive multiple of --block {settings.block} (got {settings.budget})")
+        if settings.rectify and settings.temperature > 0:
+            raise InputError("--rectify", "re-checks greedy choices; it takes no --temperature")
+    elif settings.rectify:
+        raise InputError("--rectify", "needs --budget (partial verification)")
+    if settings.tree is not None and settings.method == "none":
+        raise InputError("--tree", "needs a drafter (--method other than none)")
+    if settings.out.exists():
+        raise InputError("--out", f"{settings.out} exists; give a new folder")
+
+

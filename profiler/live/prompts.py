@@ -1,0 +1,60 @@
+"""A live run's prompts: chat prompts from a JSONL file, or long-context prompts of an exact token
+count cut from a plain text."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sim.errors import InputError
+
+LONG_CONTEXT_ASK = "Summarize the following text in a few sentences.\n\n"
+
+
+def long_context_prompts(tok, text_path: Path, context_tokens: int, count: int) -> list[list[int]]:
+    """`count` chat prompts of exactly `context_tokens` tokens: an instruction to summarize, then
+    consecutive excerpts of the text (each request its own), inside the chat template. The excerpt
+    is spliced in as token ids, so the length is exact."""
+    try:
+        text = text_path.read_text(errors="replace")
+    except OSError as exc:
+        raise InputError("--text", f"cannot read {text_path}: {exc.strerror or exc}") from None
+    marker = "\x00"
+    before, after = tok.apply_chat_template([{"role": "user", "content": marker}]).split(marker)
+    head, tail = tok.encode(before + LONG_CONTEXT_ASK), tok.encode(after)
+    room = context_tokens - len(head) - len(tail)
+    if room < 16:
+        raise InputError("--context", f"{context_tokens} leaves no room beside the {len(head) + len(tail)}-token "
+                                         f"template")
+    body = tok.encode(text)
+    if len(body) < room * count:
+        raise InputError("--text", f"{text_path} has {len(body)} tokens; {count} prompts of {context_tokens} "
+                                      f"need {room * count}")
+    return [head + body[i * room:(i + 1) * room] + tail for i in range(count)]
+
+
+def read_prompts(path: Path, limit: int | None) -> list[dict]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise InputError("--prompts", f"cannot read {path}: {exc.strerror or exc}") from None
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            raise InputError("--prompts", f"{path} line {number} is not JSON") from None
+        text = row.get("prompt") if isinstance(row, dict) else None
+        if text is None and isinstance(row, dict) and row.get("turns"):
+            text = row["turns"][0]
+        if not isinstance(text, str) or not text:
+            raise InputError("--prompts", f"{path} line {number} has no `prompt` or `turns`")
+        rows.append({"text": text, "category": row.get("category")})
+        if limit is not None and len(rows) == limit:
+            break
+    if not rows:
+        raise InputError("--prompts", f"{path} has no prompts")
+    return rows
+
+

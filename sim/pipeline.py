@@ -1,0 +1,473 @@
+"""The SimPy model of a serving engine running speculative decoding.
+
+One replica serves a stream of requests with continuous batching. Each engine iteration is one SimPy
+event: the scheduler admits waiting requests while batch slots and KV memory allow, gives prefilling
+requests a chunk of the prefill token budget, and for every decoding request the drafter proposes
+(k sequential draft forwards for a chain, `depth` forwards of `width` tokens for a tree), one target
+forward verifies the whole batch, and each request commits its accepted drafts plus one token.
+With SpecPV, each request verifies against its partial KV (sink + selected blocks + window + tokens
+since the last refresh) until its period is reached, then once against the full KV, re-feeding the
+tokens accepted since the refresh and re-selecting blocks; requests in one batch can be in
+different modes. Closed-loop, Poisson and trace arrivals are SimPy processes feeding a queue.
+
+Decoding requests live in compact arrays (slots 0..n-1), so an iteration of a 256-request batch is
+a handful of numpy operations on views, not a loop over requests.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from sim.acceptance import AcceptanceModel, disagreement_probability
+from sim.cost.batch import DECODE, DRAFT, FULL, PARTIAL, PHASES, PREFILL, VERIFY, Group, uniform_group
+from sim.cost.memory import MemoryPlan, draft_offloaded_layers
+from sim.cost.stack import Stacks
+from sim.scenario.schema import Scenario
+from sim.workload import Requests
+
+_INT = np.int64
+
+
+@dataclass
+class RunRecord:
+    """What one simulated run produced, before metrics are computed from it."""
+    first_token_s: np.ndarray
+    finish_s: np.ndarray
+    arrival_s: np.ndarray
+    output_tokens: np.ndarray
+    step_s: list[float] = field(default_factory=list)          # per iteration
+    decoding: list[int] = field(default_factory=list)          # decoding requests per iteration
+    committed: list[np.ndarray] = field(default_factory=list)  # tokens committed per request-step
+    phase_s: list[float] = field(default_factory=lambda: [0.0] * len(PHASES))
+    peak_kv_tokens: int = 0
+    partial_accepted_tokens: int = 0       # SpecPV: tokens accepted under partial verification
+    divergent_tokens: float = 0.0          # expected tokens that differ from full verification
+    rolled_back_tokens: int = 0            # SpecPV rectify: tokens discarded at a full verification
+    partial_steps: int = 0                 # SpecPV: request-steps verified against the partial KV
+    full_verifications: int = 0            # SpecPV: request-steps verified against the full KV
+    preemptions: int = 0
+
+
+class _DecodeSlots:
+    """Per-request state of decoding requests, compact in slots 0..n-1.
+
+    Every field is a row of one [fields, capacity] array, so adding or removing a request is one
+    numpy assignment whatever the number of fields.
+    """
+    FIELDS = ("rid", "ctx", "finish", "steps", "last", "since", "steps_since", "selected", "admit", "final")
+    # rid: request id; ctx: tokens with positions (prompt + committed output); finish: ctx at which
+    # the request is done; steps: verification steps taken; last: tokens the previous step
+    # committed; since / steps_since: SpecPV tokens and partial steps since the last refresh;
+    # selected: SpecPV partial cache holds a selection (0/1); admit: admission order (preemption);
+    # final: SpecPV rectify's last check before the request ends is due (0/1).
+
+    def __init__(self, capacity: int):
+        self.n = 0
+        self.state = np.zeros((len(self.FIELDS), capacity), _INT)
+        for row, name in enumerate(self.FIELDS):
+            setattr(self, name, self.state[row])
+
+    def add(self, rid: int, ctx: int, finish: int, admit: int) -> None:
+        self.state[:, self.n] = (rid, ctx, finish, 0, 1, 0, 0, 0, admit, 0)
+        self.n += 1
+
+    def remove(self, i: int) -> None:
+        self.n -= 1
+        if i != self.n:
+            self.state[:, i] = self.state[:, self.n]
+
+
+class PipelineSimulation:
+    def __init__(self, scenario: Scenario, requests: Requests, cost, stacks: Stacks,
+                 memory: MemoryPlan, acceptance: AcceptanceModel | None, rng: np.random.Generator):
+        self.scenario = scenario
+        self.requests = requests
+        self.cost = cost
+        self.stacks = stacks
+        self.memory = memory
+        self.acceptance = acceptance
+        self.rng = rng
+        spec = scenario.speculation
+        self.speculative = spec.enabled and acceptance is not None
+        self.method = spec.method
+        self.verify_tokens = spec.verify_tokens if self.speculative else 1
+        self.draft_forwards = spec.draft_depth
+        self.tree_width = spec.tree.tokens_per_draft_forward if spec.tree is not None else 1
+        self.partial = spec.partial_verify if self.speculative else None
+        self.final_check = self.partial is not None and self.partial.rectify
+        self.replayed_lengths = getattr(acceptance, "verify_tokens", None) if self.speculative else None
+        self.pad_ragged = scenario.scheduler.pad_ragged
+        self.max_batch = min(scenario.scheduler.max_batch, memory.max_running or scenario.scheduler.max_batch)
+        self.prefill_chunk = scenario.scheduler.prefill_chunk
+        self.reserve_tokens = memory.partial_cache_tokens
+        self.offloaded_layers = memory.offloaded_layers
+        self.draft_offloaded_layers = draft_offloaded_layers(scenario, memory)
+        self.kv_offloaded = scenario.offload.kv
+        # What the hot path must keep per request; each skipped array op is a microsecond.
+        self.track_steps = self.speculative and acceptance.uses_steps
+        self.rids_for_draw = self.speculative and acceptance.uses_rids
+        self.track_last = self.speculative and stacks.draft_owns_kv
+        self.context_for_draw = self.speculative and acceptance.uses_context
+        self.target_needs_kv = cost.needs_kv_tokens(stacks.target, self.verify_tokens)
+
+        n = len(requests)
+        self.record = RunRecord(first_token_s=np.full(n, np.nan), finish_s=np.full(n, np.nan),
+                                arrival_s=requests.arrival_s.copy(), output_tokens=requests.output_tokens)
+        self.env = simpy.Environment()
+        self.waiting: deque[int] = deque()
+        self.prefilling: list[list[int]] = []   # [rid, tokens done, tokens to prefill]
+        self.slots = _DecodeSlots(self.max_batch)
+        # Per-request scalars as Python lists: the admission and finish paths index them one at a time.
+        self.generated = [0] * n                # output tokens committed so far, kept across preemption
+        self.prompt_tokens = requests.prompt_tokens.tolist()
+        self.output_tokens = requests.output_tokens.tolist()
+        self.kv_used_tokens = 0
+        self.ctx_sum = 0                        # sum of slots.ctx over decoding requests
+        self.last_sum = 0                       # sum of slots.last over decoding requests
+        self.admitted = 0
+        self.finished = 0
+        self.next_closed = 0
+        self.wake: simpy.Event | None = None
+
+    # ---- arrivals -------------------------------------------------------------------------------
+    def arrive(self, rid: int) -> None:
+        self.record.arrival_s[rid] = self.env.now
+        self.waiting.append(rid)
+        if self.wake is not None and not self.wake.triggered:
+            self.wake.succeed()
+
+    def open_loop_arrivals(self):
+        """Poisson or trace arrivals: each request enters the queue at its arrival time."""
+        for rid, at_s in enumerate(self.requests.arrival_s):
+            if at_s > self.env.now:
+                yield self.env.timeout(at_s - self.env.now)
+            self.arrive(rid)
+
+    def arrive_next_closed(self) -> None:
+        if self.next_closed < len(self.requests):
+            self.arrive(self.next_closed)
+            self.next_closed += 1
+
+    # ---- scheduling -----------------------------------------------------------------------------
+    def admit_waiting(self) -> None:
+        """FIFO admission while a batch slot and KV memory for the prompt are free."""
+        capacity = self.memory.kv_capacity_tokens
+        while self.waiting and self.slots.n + len(self.prefilling) < self.max_batch:
+            rid = self.waiting[0]
+            prompt = self.prompt_tokens[rid] + self.generated[rid]
+            need = prompt + self.reserve_tokens + self.verify_tokens
+            if self.kv_used_tokens + need > capacity:
+                break
+            self.waiting.popleft()
+            self.prefilling.append([rid, 0, prompt])
+            self.kv_used_tokens += prompt + self.reserve_tokens
+
+    def make_room_for_step(self) -> None:
+        """Preempt the newest decoding requests (recompute) until this step's KV growth fits."""
+        s = self.slots
+        while s.n and self.kv_used_tokens + s.n * self.verify_tokens > self.memory.kv_capacity_tokens:
+            i = int(np.argmax(s.admit[:s.n]))
+            rid, ctx = self.release_slot(i)
+            self.generated[rid] = ctx - self.prompt_tokens[rid]
+            self.waiting.appendleft(rid)
+            self.record.preemptions += 1
+
+    def release_slot(self, i: int) -> tuple[int, int]:
+        """Remove decoding slot i and its KV, context and catch-up tokens from the running sums."""
+        s = self.slots
+        rid, ctx, last = s.rid.item(i), s.ctx.item(i), s.last.item(i)
+        self.kv_used_tokens -= ctx + self.reserve_tokens
+        self.ctx_sum -= ctx
+        self.last_sum -= last
+        s.remove(i)
+        return rid, ctx
+
+    def prefill_chunks(self) -> list[tuple[list[int], int]]:
+        """Share the iteration's prefill token budget among prefilling requests, oldest first."""
+        budget = self.prefill_chunk
+        chunks = []
+        for entry in self.prefilling:
+            if budget == 0:
+                break
+            chunk = min(entry[2] - entry[1], budget)
+            chunks.append((entry, chunk))
+            budget -= chunk
+        return chunks
+
+    # ---- one iteration --------------------------------------------------------------------------
+    def price_iteration(self, chunks, shares: list[float]) -> tuple[float, dict]:
+        """Seconds of one engine iteration, and the per-request plan the commit needs."""
+        cost, stacks, s = self.cost, self.stacks, self.slots
+        n = s.n
+        seconds = cost.step_overhead(n + len(chunks), shares)
+        plan: dict = {}
+        prefill = None
+        if chunks:
+            q = [c for _, c in chunks]
+            kv = [e[1] + c for e, c in chunks]
+            logits = sum(1 for e, c in chunks if e[1] + c == e[2])
+            prefill = Group(PREFILL, len(chunks), sum(q), max(q), sum(kv), logits, q, kv)
+            if stacks.draft is not None and stacks.draft_owns_kv:
+                # The draft's own KV (EAGLE head, draft model) needs the prompt too.
+                seconds += cost.forward(stacks.draft, [prefill._replace(logits_tokens=0)], shares)
+        if n == 0:
+            return seconds + cost.forward(stacks.target, [prefill], shares, offloaded_layers=self.offloaded_layers,
+                                          kv_offloaded=self.kv_offloaded), plan
+        ctx = s.ctx[:n]
+        ctx_sum = self.ctx_sum
+        if self.speculative:
+            seconds += self.price_drafts(n, ctx, ctx_sum, shares)
+        if self.partial is not None:
+            # Replayed proposal lengths are not applied here: the live engine's drafters always
+            # propose k tokens (its n-gram drafter repeats the last token when nothing matches).
+            groups = [prefill] if prefill is not None else []
+            seconds += self.plan_partial_verify(n, ctx, groups, plan, shares)
+        else:
+            V = self.verify_tokens
+            if self.replayed_lengths is not None:
+                # A replayed run whose drafter proposed fewer tokens at some steps: the forward
+                # verifies the longest proposal in the batch (shorter rows are padded).
+                V = int(self.replayed_lengths(s.rid[:n], s.steps[:n]).max())
+            phase = VERIFY if self.speculative else DECODE
+            if prefill is None:
+                return seconds + cost.forward_uniform(
+                    stacks.target, phase, n, V, ctx_sum + n * (V - 1), shares, context=ctx, kv_offset=V - 1,
+                    offloaded_layers=self.offloaded_layers, kv_offloaded=self.kv_offloaded), plan
+            kv = ctx + (V - 1) if self.target_needs_kv else None
+            groups = [prefill, uniform_group(phase, n, V, ctx_sum + n * (V - 1), kv_tokens=kv)]
+        seconds += cost.forward(stacks.target, groups, shares, offloaded_layers=self.offloaded_layers,
+                                kv_offloaded=self.kv_offloaded)
+        return seconds, plan
+
+    def price_drafts(self, n: int, ctx: np.ndarray, ctx_sum: int, shares: list[float]) -> float:
+        """The drafter's work for n decoding requests before their verification."""
+        cost, draft = self.cost, self.stacks.draft
+        if draft is None:                   # n-gram prompt lookup on the host
+            return cost.host_draft(n, shares, ctx_sum / n)
+        if self.method == "medusa":         # all heads in one forward on the last hidden state
+            return cost.forward_uniform(draft, DRAFT, n, 1, ctx_sum, shares)
+        if self.track_last:
+            # A drafter with its own KV first catches up on the tokens the last step committed.
+            seconds = cost.forward_uniform(draft, DRAFT, n, self.verify_tokens, ctx_sum, shares,
+                                           tokens=self.last_sum, logits_tokens=n, context=ctx)
+        else:
+            seconds = cost.forward_uniform(draft, DRAFT, n, 1, ctx_sum, shares, context=ctx,
+                                           offloaded_layers=self.draft_offloaded_layers)
+        rest = self.draft_forwards - 1
+        if rest:
+            # Forward j (1 .. rest) reads j x width drafted tokens besides the context.
+            width = self.tree_width
+            mean_extra = width * (rest + 1) / 2
+            seconds += cost.forward_uniform(draft, DRAFT, n, width, ctx_sum + n * mean_extra, shares,
+                                            context=ctx, kv_offset=mean_extra, repeat=rest,
+                                            offloaded_layers=self.draft_offloaded_layers)
+        return seconds
+
+    def plan_partial_verify(self, n, ctx, groups, plan, shares) -> float:
+        """SpecPV: split decoding requests into full-attention, partial and full-refresh groups
+        (appended to `groups` for the target forward); returns the block re-selection's seconds."""
+        pv, s, V = self.partial, self.slots, self.verify_tokens
+        own = len(groups)                  # groups from here on are this method's
+        eligible = ctx > pv.static_tokens
+        period_reached = (s.since[:n] if pv.period_unit == "tokens" else s.steps_since[:n]) >= pv.period
+        full = eligible & (period_reached | (s.selected[:n] == 0))
+        partial = eligible & ~full
+        plain = ~eligible
+        plan["full"], plan["partial"] = full, partial
+        seconds = 0.0
+        if plain.any():
+            kv = ctx[plain] + V - 1
+            groups.append(uniform_group(VERIFY, len(kv), V, int(kv.sum()), kv_tokens=kv))
+        if partial.any():
+            buffer = s.since[:n][partial]
+            kv = pv.static_tokens + buffer + V
+            groups.append(uniform_group(PARTIAL, len(kv), V, int(kv.sum()), kv_tokens=kv))
+            if pv.reselect == "step":
+                # Quest: every partial step scores the blocks with its own queries.
+                seconds += self.cost.selection(self.stacks.target, len(kv), int(ctx[partial].sum()), len(kv) * V,
+                                               pv.budget, pv.block, shares, part="scores")
+        if full.any():
+            # Re-feed the tokens accepted since the refresh, then verify the new drafts.
+            q = s.since[:n][full] + V
+            kv = ctx[full] + V - 1
+            groups.append(Group(FULL, len(q), int(q.sum()), int(q.max()), int(kv.sum()), int(q.sum()), q, kv))
+            seconds += self.cost.selection(self.stacks.target, len(q), int(kv.sum()), int(q.sum()),
+                                           pv.budget, pv.block, shares,
+                                           part="refresh" if pv.reselect == "refresh" else "summaries")
+            if self.pad_ragged:
+                # A static-shape engine runs every row of this step at the longest row's tokens.
+                longest = int(q.max())
+                for i in range(own, len(groups)):
+                    g = groups[i]
+                    groups[i] = g._replace(tokens=g.requests * longest, query_max=longest,
+                                           query_tokens=None if g.query_tokens is None else np.full(g.requests, longest))
+        return seconds
+
+    def commit(self, chunks, plan) -> None:
+        """Apply the iteration's outcome at its end time: prefill progress, accepted tokens, finishes."""
+        now = self.env.now
+        s, record = self.slots, self.record
+        n = s.n
+        record.decoding.append(n)
+        if n:
+            ctx = s.ctx[:n]
+            if self.speculative:
+                committed, grown = self.acceptance.draw(n, s.rid[:n] if self.rids_for_draw else None,
+                                                        s.steps[:n] if self.track_steps else None,
+                                                        ctx if self.context_for_draw else None)
+                record.committed.append(committed)
+                if self.track_steps:
+                    s.steps[:n] += 1
+                if self.track_last:
+                    s.last[:n] = committed
+                    self.last_sum = grown
+                if self.partial is not None:
+                    committed = self.apply_partial_verify(n, committed, plan)
+                    grown = int(committed.sum())
+            else:
+                committed = 1
+                grown = n
+            ctx += committed
+            self.ctx_sum += grown
+            self.kv_used_tokens += grown
+            done = ctx >= s.finish[:n]
+            if self.final_check and np.count_nonzero(done):
+                # Rectify is lossless: tokens accepted under partial attention since the last
+                # refresh are re-checked by one more full verification before the request ends.
+                unchecked = done & (s.since[:n] > 0)
+                if unchecked.any():
+                    s.selected[:n][unchecked] = 0
+                    s.final[:n][unchecked] = 1
+                    done &= ~unchecked
+            if np.count_nonzero(done):      # far cheaper than done.any() on small arrays
+                self.finish_requests(now, done.nonzero()[0])
+        if chunks:
+            for entry, chunk in chunks:
+                entry[1] += chunk
+            if any(e[1] == e[2] for e, _ in chunks):
+                self.start_decoding(now)
+        if self.kv_used_tokens > record.peak_kv_tokens:
+            record.peak_kv_tokens = self.kv_used_tokens
+
+    def apply_partial_verify(self, n, committed, plan) -> np.ndarray:
+        """SpecPV bookkeeping; with rectify, full verification rolls back at the first disagreement."""
+        pv, s, record = self.partial, self.slots, self.record
+        full, partial = plan["full"], plan["partial"]
+        ctx = s.ctx[:n]
+        if partial.any():
+            taken = committed[partial]
+            record.partial_accepted_tokens += int(taken.sum())
+            record.partial_steps += len(taken)
+            if not pv.rectify:   # final as accepted: each may differ from what full attention picks
+                p = disagreement_probability(pv.disagreement, pv.budget, pv.static_tokens, ctx[partial])
+                record.divergent_tokens += float((p * taken).sum())
+            s.since[:n][partial] += taken
+            s.steps_since[:n][partial] += 1
+        if full.any():
+            record.full_verifications += int(full.sum())
+            if pv.rectify:
+                since = s.since[:n][full]
+                replayed = getattr(self.acceptance, "rolled_back", None)
+                if replayed is not None:
+                    # A replayed live run: its own roll-backs at this step.
+                    rollback = np.minimum(replayed(s.rid[:n][full], s.steps[:n][full] - 1), since)
+                else:
+                    p = disagreement_probability(pv.disagreement, pv.budget, pv.static_tokens, ctx[full])
+                    # Index of the first disagreeing token in the buffer: geometric with parameter p.
+                    u = 1.0 - self.rng.random(len(since))
+                    with np.errstate(divide="ignore"):
+                        first_bad = np.floor(np.log(u) / np.log1p(-np.minimum(p, 1 - 1e-12)))
+                    rollback = since - np.minimum(first_bad, since).astype(_INT)
+                bad = rollback > 0
+                final = s.final[:n][full] == 1
+                if bad.any() or final.any():
+                    # Keep the tokens before the disagreement, replace it by the target's token and
+                    # discard the rest of the buffer together with this step's drafts; a request's
+                    # last check commits nothing new when nothing disagrees (it is already done).
+                    committed = committed.copy()
+                    committed[full] = np.where(bad, 1 - rollback, np.where(final, 0, committed[full]))
+                    record.rolled_back_tokens += int(rollback.sum())
+                s.final[:n][full] = 0
+            s.since[:n][full] = 0
+            s.steps_since[:n][full] = 0
+            s.selected[:n][full] = 1
+        return committed
+
+    def start_decoding(self, now: float) -> None:
+        """Requests whose prefill completed produced their first token and join the decode slots."""
+        still = []
+        one_token_output = False
+        for entry in self.prefilling:
+            rid, done, total = entry
+            if done < total:
+                still.append(entry)
+                continue
+            generated = self.generated[rid]
+            if generated == 0:
+                self.record.first_token_s[rid] = now
+            output = self.output_tokens[rid]
+            one_token_output |= generated + 1 >= output
+            self.generated[rid] = generated + 1
+            self.kv_used_tokens += 1
+            self.admitted += 1
+            self.ctx_sum += total + 1
+            self.last_sum += 1
+            self.slots.add(rid, total + 1, self.prompt_tokens[rid] + output, self.admitted)
+        self.prefilling = still
+        if one_token_output:   # done at prefill
+            self.finish_requests(now)
+
+    def finish_requests(self, now: float, done: np.ndarray | None = None) -> None:
+        """Requests that reached their output length leave (slots `done`, default: find them)."""
+        s, record = self.slots, self.record
+        if done is None:
+            done = np.flatnonzero(s.ctx[:s.n] >= s.finish[:s.n])
+        pv = self.partial
+        if pv is not None and pv.rectify:
+            # Tokens accepted since the last full verification were never re-checked.
+            unchecked = s.since[done]
+            p = disagreement_probability(pv.disagreement, pv.budget, pv.static_tokens, s.ctx[done])
+            record.divergent_tokens += float((p * unchecked).sum())
+        closed = self.requests.closed_concurrency is not None
+        for i in done[::-1].tolist():
+            rid, _ = self.release_slot(i)
+            record.finish_s[rid] = now
+            self.finished += 1
+            if closed:
+                self.arrive_next_closed()
+
+    # ---- the engine process ---------------------------------------------------------------------
+    def serve(self):
+        record = self.record
+        total = len(self.requests)
+        shares = record.phase_s
+        while self.finished < total:
+            if self.waiting:
+                self.admit_waiting()
+            if self.slots.n == 0 and not self.prefilling:
+                # plan_memory guarantees the longest request fits an empty cache, so an idle engine
+                # means an empty queue: wait for the next arrival.
+                self.wake = self.env.event()
+                yield self.wake
+                self.wake = None
+                continue
+            if self.kv_used_tokens + self.slots.n * self.verify_tokens > self.memory.kv_capacity_tokens:
+                self.make_room_for_step()
+            chunks = self.prefill_chunks() if self.prefilling else ()
+            step_s, plan = self.price_iteration(chunks, shares)
+            yield self.env.timeout(step_s)
+            record.step_s.append(step_s)
+            self.commit(chunks, plan)
+
+    def run(self) -> RunRecord:
+        if self.requests.closed_concurrency is not None:
+            for _ in range(self.requests.closed_concurrency):
+                self.arrive_next_closed()
+        else:
+            self.env.process(self.open_loop_arrivals())
+        self.env.process(self.serve())
+        self.env.run()
+        return self.record

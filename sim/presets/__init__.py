@@ -1,6 +1,0 @@
-"""Named presets: hardware datasheets, model shapes and engine overheads."""
-from sim.presets.engines import ENGINES, EngineSpec
-from sim.presets.hardware import HARDWARE, HardwareSpec
-from sim.presets.models import MODELS, ModelSpec, load_hf_config
-
-__all__ = ["ENGINES", "EngineSpec", "HARDWARE", "HardwareSpec", "MODELS", "ModelSpec", "load_hf_config"]

@@ -1,0 +1,181 @@
+"""`python -m sim validate` and `python -m sim fit-acceptance` (their arguments parsed in sim/cli.py).
+Both read run folders and campaign folders; neither runs anything live."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from sim.errors import InputError
+from sim.formats.files import write_atomic
+from sim.formats.provenance import REPO_ROOT, git_revision, repo_relative, versions
+
+
+def validate(paths: list[Path], calibration: Path | None = None, out: Path | None = None,
+             docs: Path | None = None) -> int:
+    """Predict every run (campaign folders expanded to their runs), print the comparison, and with
+    `out` write validation.csv (provenance first) and parity.html; with `docs`, replace the table
+    between the Markdown file's markers named after `out`."""
+    from sim.formats.campaign import expand_run_folders, is_campaign, read_record
+    from sim.validate.compare import compare_runs, format_comparisons
+    from sim.validate.parity import comparisons_frame, parity_html
+    from sim.validate.runs import read_runs
+
+    if docs is not None and out is None:
+        raise InputError("--docs", "names its table after the --out folder: give --out")
+    campaigns = [read_record(p) for p in paths if is_campaign(p)]
+    run_dirs = expand_run_folders(paths)
+    if calibration is None:        # a campaign's own bundle, when its campaigns agree on one
+        own = {c.get("calibration") for c in campaigns}
+        if len(own) == 1 and None not in own:
+            calibration = REPO_ROOT / own.pop()
+    if calibration is not None:
+        from sim.formats.bundle import load_bundle
+
+        load_bundle(calibration)
+    runs = read_runs(run_dirs)
+    rows = compare_runs(runs, calibration, progress=True)
+    text = format_comparisons(rows)
+    if out is not None:
+        provenance = {"runs": [repo_relative(p) for p in run_dirs], "calibration": repo_relative(calibration),
+                      "campaigns": sorted({c["campaign"] for c in campaigns}), "git_revision": git_revision(),
+                      "versions": versions(), "live_devices": sorted({r.meta["device"] for r in runs}),
+                      "live_dtypes": sorted({r.meta["dtype"] for r in runs}),
+                      "live_git_revisions": sorted({str(r.meta.get("git_revision")) for r in runs}),
+                      "seeds": sorted({int(r.meta.get("seed", 0)) for r in runs})}
+        frame = comparisons_frame(rows)
+        try:
+            write_atomic(out / "validation.csv", f"# provenance: {json.dumps(provenance)}\n" + frame.to_csv(index=False))
+            title = f"Predicted against measured: {out.name}, {len(runs)} live runs " \
+                    f"({'calibrated: ' + repo_relative(calibration) if calibration else 'roofline'}), git {git_revision()[:12]}"
+            write_atomic(out / "parity.html", parity_html(rows, title))
+        except OSError as exc:
+            raise InputError("--out", f"cannot write into {out}: {exc.strerror or exc}") from None
+    if docs is not None:
+        command = " ".join(["python -m sim validate", *(repo_relative(p) for p in paths),
+                            *(["--calibration", repo_relative(calibration)] if calibration is not None else []),
+                            "--out", repo_relative(out), "--docs", repo_relative(docs)])
+        update_docs(docs, out.name, markdown_tables(rows, command))
+    print(text)
+    if out is not None:
+        print(f"\nwrote {out / 'validation.csv'} and {out / 'parity.html'}")
+    return 0
+
+
+MARK = "<!-- validation:{name}:{edge} -->"
+
+
+def update_docs(path: Path, name: str, table: str) -> None:
+    """Replace the text between the markers `validation:NAME:begin` and `...:end` of a Markdown file."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InputError("--docs", f"cannot read {path}: {exc.strerror or exc}") from None
+    begin, end = MARK.format(name=name, edge="begin"), MARK.format(name=name, edge="end")
+    if begin not in text or end not in text:
+        raise InputError("--docs", f"{path} has no {begin} ... {end} markers")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    try:
+        write_atomic(path, head + begin + "\n" + table + "\n" + end + tail)
+    except OSError as exc:
+        raise InputError("--docs", f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def markdown_tables(rows, command: str) -> str:
+    from sim.validate.compare import AT_PROBE, METRICS, PREDICTIONS, aggregate
+
+    pct = lambda x: "" if x is None else f"{x:+.1%}"
+    by_run: dict[str, dict] = {}
+    for r in rows:
+        by_run.setdefault(r.run, {})[r.prediction] = r
+    # Runs recorded with --probe add the throughput error at the machine's measured speed.
+    probed = any(r.prediction.endswith(AT_PROBE) for r in rows)
+    probe_head, probe_rule = ("error at the probe's speed | ", "---|") if probed else ("", "")
+    lines = [f"Reproduce: `{command}`", "",
+             "| run | drafter | batch | context | tok/s measured | repeats spread | predicted (replay / fitted) | error | "
+             f"{probe_head}speedup measured | predicted (replay / fitted) | error | tokens/step measured | fitted |",
+             f"|---|---|---|---|---|---|---|---|{probe_rule}---|---|---|---|---|"]
+    for name, preds in by_run.items():
+        first = next(iter(preds.values()))
+        order = [preds[p] for p in PREDICTIONS if p in preds]
+        tok = " / ".join(f"{r.predicted_tok_s:.2f}" for r in order)
+        tok_err = " / ".join(pct(r.error("tok_s")) for r in order)
+        if probed:
+            at_probe = [preds[f"{p} {AT_PROBE}"] for p in PREDICTIONS if f"{p} {AT_PROBE}" in preds]
+            tok_err += " | " + " / ".join(pct(r.error("tok_s")) for r in at_probe)
+        if first.measured_speedup is not None:
+            speed = " / ".join(f"{r.predicted_speedup:.3f}" for r in order)
+            speed_err = " / ".join(pct(r.error("speedup")) for r in order)
+            measured_speed = f"{first.measured_speedup:.3f}"
+        else:
+            speed = speed_err = measured_speed = ""
+        fitted = preds.get("fitted")
+        tps = f"{fitted.predicted_tokens_per_step:.2f}" if fitted else ""
+        lines.append(f"| {name} | {first.drafter} | {first.batch} | {first.context:.0f} | {first.measured_tok_s:.2f} | "
+                     f"{first.measured_spread:.0%} ({first.repeats}) | {tok} | {tok_err} | {measured_speed} | {speed} | {speed_err} | "
+                     f"{first.measured_tokens_per_step:.2f} | {tps} |")
+    # The aggregate, one row per prediction: each metric's |error| as median (P90, worst) over its runs.
+    summary = aggregate(rows)
+    metrics = [m for m in (*METRICS, "share") if any(a["metric"] == m for a in summary)]
+    lines += ["", "|error| by prediction: median (P90, worst) over the runs", "",
+              "| prediction | runs | " + " | ".join(metrics) + " |", "|---|---|" + "---|" * len(metrics)]
+    for prediction in dict.fromkeys(a["prediction"] for a in summary):
+        mine = {a["metric"]: a for a in summary if a["prediction"] == prediction}
+        cells = [f"{m['median']:.1%} ({m['p90']:.1%}, {m['worst']:.1%})" if (m := mine.get(metric)) else ""
+                 for metric in metrics]
+        runs = "/".join(dict.fromkeys(str(a["runs"]) for a in mine.values()))
+        lines.append(f"| {prediction} | {runs} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plain(value):
+    """numpy scalars as Python numbers, so the YAML holds only plain types."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value.item() if hasattr(value, "item") and not isinstance(value, (str, bytes)) else value
+
+
+def fit_acceptance(paths: list[Path], vllm: list[Path], out: Path) -> int:
+    """Fit each drafter's acceptance (and SpecPV's disagreement) on live runs or vLLM's counters and
+    write it as a scenario's acceptance block."""
+    from sim.formats.campaign import expand_run_folders
+    from sim.validate.fit_acceptance import disagreement_from_runs, fit_drafters, read_vllm_metrics
+    from sim.validate.runs import read_runs
+
+    if not paths and not vllm:
+        raise InputError("RUN_DIR", "give live run folders and/or --vllm FILE")
+    run_dirs = expand_run_folders(paths)
+    runs = read_runs(run_dirs)
+    drafters = fit_drafters(runs)
+    for path in vllm:
+        drafters[f"vllm {path.name}"] = read_vllm_metrics(path)
+    if not drafters:
+        raise InputError("RUN_DIR", "no speculative run among them (method none has no acceptance)")
+    disagreement, observations = disagreement_from_runs([r for r in runs if r.partial], runs)
+    document = {
+        "provenance": {"runs": [repo_relative(p) for p in run_dirs], "vllm": [repo_relative(p) for p in vllm],
+                       "git_revision": git_revision(), "live_devices": sorted({r.meta["device"] for r in runs}),
+                       "seeds": sorted({int(r.meta.get("seed", 0)) for r in runs})},
+        "drafters": drafters}
+    if observations:
+        document["partial_verify"] = {"disagreement": disagreement, "observations": observations}
+    try:
+        write_atomic(out, yaml.safe_dump(plain(document), sort_keys=False, width=110))
+    except OSError as exc:
+        raise InputError("--out", f"cannot write {out}: {exc.strerror or exc}") from None
+    for label, fit in drafters.items():
+        rates = ", ".join(f"{r:.3f}" for r in fit["acceptance"]["per_position"])
+        print(f"{label:<32} {fit['steps']:>6} steps  tokens/step {fit['tokens_per_step']}  rates [{rates}]  "
+              f"spread {fit['acceptance']['request_spread']}  slope {fit['acceptance']['context_slope']}")
+    if observations:
+        for o in observations:
+            rate = "-" if o["rate"] is None else f"{o['rate']:.4f}"
+            print(f"  SpecPV {o['run']:<30} budget {o['budget']:>5} period {o['period']:>3} context {o['context']:>7.0f} "
+                  f"{o['failures']:>3}/{o['trials']:<5} disagree per token {rate} ({o['source']})")
+        print(f"  disagreement fit: {disagreement}")
+    print(f"wrote {out}")
+    return 0

@@ -1,0 +1,442 @@
+"""The simulator against live runs: each `profiler live` run folder turned into the scenarios that
+reproduce it, predicted twice, and compared.
+
+A live run decodes its prompts in static batches (`--batch`): each batch is prefilled in one
+forward, decoded until its last request finishes, then the next batch starts. The matching
+simulation runs each batch on its own (a closed workload of exactly those requests, each with its
+own prompt and output length, every prompt prefilled in the first iteration) and adds the
+batches' times, so the prediction prices the same forwards the run timed.
+
+Two predictions per speculative run:
+- replay: every simulated request takes its live request's accepted count at each step (and, with
+  SpecPV rectify, its roll-backs): what remains is the cost model's error;
+- fitted: acceptance (and SpecPV disagreement) fitted by `sim.validate.fit_acceptance` on the other runs
+  with the same drafter, never on this one: the full prediction a user gets. A run whose drafter
+  has no other run gets none.
+Autoregressive runs have one prediction (no acceptance to replay or fit).
+
+Measured speedup is the run's throughput over its autoregressive baseline: its own `--baseline`
+run, else the autoregressive run of the same setting among the given runs.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from sim.errors import InputError
+from sim.formats.names import SHARE_GROUPS, share_group
+from sim.formats.run_folder import RUN_PHASES
+from sim.validate.runs import LiveRun, baselines_by_setting, measured_baseline_tok_s, per_request_steps
+from sim.validate.machine_speed import other_machine_state
+
+SHARES = tuple(SHARE_GROUPS)
+# The predictions of a run, in report order; each again with this suffix when put at the run's
+# measured machine speed (`at_run_speed`).
+PREDICTIONS = ("cost model", "replay", "fitted")
+AT_PROBE = "@ probe"
+METRICS = ("tok_s", "speedup", "decode_speedup", "tpot_ms", "tokens_per_step")
+# A fitted acceptance model is a distribution: its prediction is the mean over this many seeded
+# simulations (a run of 1-16 requests is too few to average one draw of per-request rates).
+FITTED_REPLICATIONS = 8
+
+
+@dataclass
+class Comparison:
+    run: str
+    method: str
+    drafter: str
+    batch: int
+    context: float
+    requests: int
+    prediction: str                     # "cost model" (autoregressive), "replay" or "fitted"
+    measured_tok_s: float
+    predicted_tok_s: float
+    measured_speedup: float | None
+    predicted_speedup: float | None
+    measured_decode_speedup: float | None
+    predicted_decode_speedup: float | None
+    measured_tpot_ms: float
+    predicted_tpot_ms: float
+    measured_tokens_per_step: float
+    predicted_tokens_per_step: float
+    measured_share: dict = field(default_factory=dict)
+    predicted_share: dict = field(default_factory=dict)
+    repeats: int = 1
+    measured_spread: float = 0.0        # fastest / slowest repeat's throughput - 1
+    note: str = ""
+    # Every repeat's throughput and speedup (over the baseline's repeat of the same index), in the
+    # order the run folders were given: the machine's own repeatability (`repeatability`).
+    repeat_tok_s: tuple = ()
+    repeat_speedup: tuple = ()
+
+    def error(self, metric: str) -> float | None:
+        measured, predicted = getattr(self, f"measured_{metric}"), getattr(self, f"predicted_{metric}")
+        if measured is None or predicted is None or not measured or math.isnan(measured) or math.isnan(predicted):
+            return None
+        return predicted / measured - 1
+
+    @property
+    def share_error(self) -> float:
+        """Largest absolute difference of a time share (fraction of the run's time)."""
+        return max(abs(self.predicted_share.get(k, 0.0) - self.measured_share.get(k, 0.0)) for k in SHARES)
+
+    def row(self) -> dict:
+        out = {k: v for k, v in asdict(self).items()
+               if k not in ("measured_share", "predicted_share", "repeat_tok_s", "repeat_speedup")}
+        for metric in METRICS:
+            out[f"{metric}_error"] = self.error(metric)
+        for k in SHARES:
+            out[f"measured_share_{k}"] = self.measured_share.get(k, 0.0)
+            out[f"predicted_share_{k}"] = self.predicted_share.get(k, 0.0)
+        out["share_error"] = self.share_error
+        return out
+
+
+# ---- scenarios ------------------------------------------------------------------------------------
+
+def model_preset_of(config: dict) -> str:
+    """The simulator's model preset with the run's dimensions."""
+    from sim.scenario.presets.models import MODELS
+
+    keys = ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "tied_embeddings")
+    for name, spec in MODELS.items():
+        if all(getattr(spec, k) == config.get(k) for k in keys):
+            return name
+    raise InputError("RUN_DIR", f"no model preset has the run's dimensions ({config.get('name')})")
+
+
+def speculation_of(run: LiveRun, acceptance: dict, disagreement: dict | None) -> dict:
+    """The scenario's speculation block for the run's drafter and settings."""
+    a = run.args
+    if run.method == "draft_model":
+        raise InputError("RUN_DIR", f"{run.path}: draft_model runs are not covered by validation yet")
+    if a.get("temperature"):
+        raise InputError("RUN_DIR", f"{run.path}: sampled runs (--temperature) are not covered by validation yet")
+    spec: dict = {"method": run.method, "acceptance": acceptance}
+    if a.get("tree"):
+        spec["tree"] = {"width": int(a["tree"][0]), "depth": int(a["tree"][1])}
+    else:
+        spec["num_speculative_tokens"] = int(a["k"])
+    if run.method == "shadow":
+        spec["draft"] = {"bits": int(a["bits"]), "group_size": int(a["group_size"])}
+    elif run.method == "layerskip":
+        spec["draft"] = {"exit_layer": int(a["exit_layer"])}
+    elif run.method == "streaming":
+        # The live engine's streaming self-draft masks the whole cache down to sink + window
+        # (profiler.engine.model.context_mask) instead of compacting it, so it reads every KV token: its
+        # scenario is a self-draft whose window covers the whole context.
+        longest = int((run.requests.prompt_tokens + run.requests.output_tokens).max()) + run.depth + 1
+        spec["draft"] = {"kv_budget": max(longest, int(a["sink"]) + 1), "sink": int(a["sink"])}
+    if run.partial:
+        spec["partial_verify"] = {
+            "budget": int(a["budget"]), "sink": int(a["partial_sink"]), "window": int(a["partial_window"]),
+            "block": int(a["block"]), "period": int(a["period"]), "period_unit": a["period_unit"],
+            "rectify": bool(a.get("rectify")), "reselect": "step", **({"disagreement": disagreement} if disagreement else {})}
+    return spec
+
+
+def batch_scenarios(run: LiveRun, calibration: Path | None, speculation: dict | None = None,
+                    hardware: str | None = None) -> list[tuple[list[int], dict]]:
+    """(request ids, scenario mapping) per static batch of the run, in order."""
+    if hardware is None:
+        if calibration is not None:
+            from sim.formats.bundle import load_bundle
+
+            hardware = load_bundle(calibration).meta["device"].get("hardware", "cpu")
+        else:
+            hardware = "cpu" if run.meta["device"] == "cpu" else "h100-sxm"
+    requests = run.requests
+    out = []
+    for first in range(0, len(requests), run.batch):
+        chunk = requests.iloc[first:first + run.batch]
+        prompts = [int(x) for x in chunk.prompt_tokens]
+        outputs = [int(x) for x in chunk.output_tokens]
+        scenario = {
+            "hardware": hardware, "model": model_preset_of(run.meta["config"]),
+            "dtype": {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[run.meta["dtype"]],
+            "calibration": str(calibration) if calibration is not None else None,
+            "workload": {"arrival": "closed", "concurrency": len(chunk), "requests": len(chunk),
+                         "prompt_tokens": prompts, "output_tokens": outputs},
+            # The live engine prefills a whole batch in one forward, and pads a step's rows to
+            # the longest (profiler.engine.speculative lays every row out at T tokens).
+            "scheduler": {"max_batch": len(chunk), "prefill_chunk": sum(prompts),
+                          "pad_ragged": run.meta.get("engine") is None},
+            "seed": int(run.meta.get("seed", 0))}
+        if speculation is not None:
+            scenario["speculation"] = speculation
+        out.append(([int(x) for x in chunk.request], scenario))
+    return out
+
+
+# ---- predictions ----------------------------------------------------------------------------------
+
+def predict(run: LiveRun, calibration: Path | None, prediction: str, fitted: dict | None = None,
+            disagreement: dict | None = None) -> dict:
+    """Predicted metrics of a run: prediction "cost model" (autoregressive), "replay" or "fitted"
+    (with `fitted`, the drafter's acceptance block, and `disagreement` for SpecPV)."""
+    from sim.simulate import simulate
+
+    speculation = None
+    if run.speculative:
+        if prediction == "replay":
+            tps = float(run.summary.get("tokens_per_step") or 1.0)
+            placeholder = {"tokens_per_step": min(max(tps, 1.0), run.depth + 1)}
+            speculation = speculation_of(run, placeholder, disagreement)
+        else:
+            speculation = speculation_of(run, fitted, disagreement)
+    totals = {"seconds": 0.0, "base_seconds": 0.0, "prefill": 0.0, "base_prefill": 0.0, "tokens": 0,
+              "requests": 0, "steps": 0, "committed": 0}
+    tpots, phases = [], {}
+    replications = FITTED_REPLICATIONS if prediction == "fitted" else 1
+    batches = batch_scenarios(run, calibration, speculation)
+    for replication in range(replications):
+        for index, (rids, scenario) in enumerate(batches):
+            build = None
+            if run.speculative and prediction == "replay":
+                build = replay_builder(run, rids)
+            # Every batch and replication draws its own requests' rates.
+            result = simulate({**scenario, "seed": scenario["seed"] + 7919 * replication + index}, acceptance=build)
+            metrics, base = result.run, result.baseline
+            totals["seconds"] += metrics.makespan_s
+            totals["base_seconds"] += base.makespan_s
+            totals["prefill"] += metrics.phase_s["prefill"]
+            totals["base_prefill"] += base.phase_s["prefill"]
+            totals["tokens"] += metrics.output_tokens
+            totals["requests"] += len(rids)
+            histogram = metrics.tokens_per_step_histogram
+            totals["steps"] += sum(histogram.values())
+            totals["committed"] += sum(k * c for k, c in histogram.items())
+            tpots.extend(x for x in metrics.tpot_s if not math.isnan(x))
+            for phase, seconds in metrics.phase_s.items():
+                phases[phase] = phases.get(phase, 0.0) + seconds
+    busy = sum(phases.values()) or 1.0
+    share = {k: sum(phases.get(p, 0.0) for p in SHARE_GROUPS[k]) / busy for k in SHARES}
+    decode_s = totals["seconds"] - totals["prefill"]
+    base_decode_s = totals["base_seconds"] - totals["base_prefill"]
+    return {"tok_s": totals["tokens"] / totals["seconds"],
+            "speedup": totals["base_seconds"] / totals["seconds"] if run.speculative else None,
+            "decode_speedup": base_decode_s / decode_s if run.speculative and decode_s > 0 else None,
+            "tpot_ms": float(np.mean(tpots)) * 1e3 if tpots else math.nan,
+            "tokens_per_step": totals["committed"] / totals["steps"] if run.speculative and totals["steps"] else 1.0,
+            "share": share, "seconds": totals["seconds"], "prefill_s": totals["prefill"],
+            "base_seconds": totals["base_seconds"], "base_prefill_s": totals["base_prefill"]}
+
+
+def replay_builder(run: LiveRun, rids: list[int]):
+    """The acceptance factory that replays these requests of the run step by step."""
+    from sim.acceptance import ReplayAcceptance
+
+    steps = per_request_steps(run, rids)
+    rectify = run.partial and bool(run.args.get("rectify"))
+    short = any((d < run.depth).any() for d in steps["drafted"]) and not run.args.get("tree")
+    return lambda config, n, rng: ReplayAcceptance(steps["accepted"], run.depth,
+                                                   steps["rolled_back"] if rectify else None,
+                                                   steps["drafted"] if short else None)
+
+
+def decode_tok_s(run: LiveRun) -> float | None:
+    """Output tokens after each request's first, over the run's time outside prefill."""
+    s = run.summary
+    wall_s = float(run.requests.output_tokens.sum()) / float(s["throughput_tok_s"])
+    decode_s = wall_s * (1.0 - s.get("time_share", {}).get("prefill", 0.0))
+    tokens = float(run.requests.output_tokens.sum() - len(run.requests))
+    return tokens / decode_s if decode_s > 0 else None
+
+
+def measured(run: LiveRun, baselines: dict) -> dict:
+    s = run.summary
+    base = measured_baseline_tok_s(run, baselines)
+    base_run = baselines.get(run.setting)
+    decode_speedup = None
+    if run.speculative and base_run is not None:
+        mine, theirs = decode_tok_s(run), decode_tok_s(base_run)
+        decode_speedup = mine / theirs if mine and theirs else None
+    share = s.get("time_share", {})
+    tpot = run.requests.tpot_s.dropna()
+    # Tokens per step as the simulator counts them: accepted drafts + 1, before any roll-back.
+    tokens_per_step = float(run.steps.accepted.mean() + 1) if run.speculative and len(run.steps) else 1.0
+    return {"tok_s": float(s["throughput_tok_s"]),
+            "speedup": float(s["throughput_tok_s"]) / base if run.speculative and base else None,
+            "decode_speedup": decode_speedup,
+            "tpot_ms": float(tpot.mean()) * 1e3 if len(tpot) else math.nan,
+            "tokens_per_step": tokens_per_step,
+            "share": {k: sum(share.get(p, 0.0) for p in RUN_PHASES if share_group(RUN_PHASES[p][0]) == k)
+                      for k in SHARES}}
+
+
+def compare_runs(runs: list[LiveRun], calibration: Path | None, progress: bool = False) -> list[Comparison]:
+    """Every run predicted (replay and fitted for speculative runs) against its measurement."""
+    from sim.validate.fit_acceptance import acceptance_runs, disagreement_from_runs, fit_drafter
+
+    baselines = baselines_by_setting(runs)
+    speeds = {run.name: run_speed(run, calibration) for run in runs}
+    comparisons = []
+    iterator = runs
+    if progress:
+        from tqdm import tqdm
+
+        iterator = tqdm(runs, desc="validate", unit="run", leave=False)
+    for run in iterator:
+        truth = measured(run, baselines)
+        if not run.speculative:
+            plans = [("cost model", None, None, "")]
+        else:
+            others = [r for r in runs if r is not run]
+            # Replay takes the run's own roll-backs; disagreement only counts divergent tokens.
+            plans = [("replay", None, None, "")]
+            peers = [r for r in others if r.drafter == run.drafter and len(r.steps)]
+            if peers:
+                fitted = fit_drafter(acceptance_runs(peers))["acceptance"]
+                disagreement, note = None, ""
+                if run.partial:
+                    disagreement = disagreement_from_runs([r for r in others if r.partial], runs)[0]
+                    note = "" if disagreement else "no other SpecPV run: default disagreement"
+                plans.append(("fitted", fitted, disagreement, note))
+        ratios = speeds[run.name]
+        drift = other_machine_state(ratios) if ratios is not None and not ratios["priced"] else None
+        for prediction, fitted, disagreement, note in plans:
+            guess = predict(run, calibration, prediction, fitted, disagreement)
+            guesses = [(prediction, guess, "; ".join(n for n in (note, drift) if n))]
+            if ratios is not None:
+                # Speedup is over the run's own --baseline (same process) if it has one, else over
+                # its setting's autoregressive run; decode speedup always over the latter (measured).
+                setting_base = baselines.get(run.setting)
+                setting_ratios = speeds.get(setting_base.name) if setting_base is not None else None
+                base_ratios = ratios if run.summary.get("baseline_throughput_tok_s") else setting_ratios
+                notes = [note, drift] + [PRICED_PROBE_NOTE] * ratios["priced"]
+                if run.speculative and base_ratios is None:
+                    notes.append("baseline without a probe: taken at the run's speed")
+                guesses.append((f"{prediction} {AT_PROBE}",
+                                at_run_speed(guess, ratios, base_ratios or ratios, setting_ratios or ratios),
+                                "; ".join(n for n in notes if n)))
+            for label, guess, note in guesses:
+                comparisons.append(Comparison(
+                    run.name, run.method, run.drafter, run.batch, run.context_tokens, len(run.requests), label,
+                    truth["tok_s"], guess["tok_s"], truth["speedup"], guess["speedup"], truth["decode_speedup"],
+                    guess["decode_speedup"], truth["tpot_ms"],
+                    guess["tpot_ms"], truth["tokens_per_step"], guess["tokens_per_step"], truth["share"],
+                    guess["share"], len(run.repeat_tok_s) or 1,
+                    max(run.repeat_tok_s) / min(run.repeat_tok_s) - 1 if run.repeat_tok_s else 0.0, note,
+                    run.repeat_tok_s, repeat_speedups(run, baselines)))
+    return comparisons
+
+
+# The note on a prediction at the run's speed whose reference is the bundle's price of the probe.
+PRICED_PROBE_NOTE = "speed against the bundle's price of the probe (the bundle has no probe of its own)"
+
+
+def run_speed(run: LiveRun, calibration: Path | None) -> dict | None:
+    """The machine's speed at the run over its bundle's (sim/machine_speed.py): ratios per probe
+    and whether the reference was priced rather than timed; None for a run without a probe or a
+    prediction without a bundle."""
+    from sim.formats.bundle import load_bundle
+    from sim.validate.machine_speed import calibration_probe, measured_probe, priced_probe, speed_ratios
+
+    measured_now = measured_probe(run.meta)
+    if measured_now is None or calibration is None:
+        return None
+    reference = calibration_probe(load_bundle(calibration).meta, measured_now["shapes"])
+    priced = reference is None
+    if priced:
+        reference = priced_probe(batch_scenarios(run, calibration)[0][1], measured_now["shapes"])
+    return {**speed_ratios(measured_now, reference), "priced": priced}
+
+
+def at_run_speed(guess: dict, ratios: dict, base_ratios: dict, decode_base_ratios: dict | None = None) -> dict:
+    """A prediction put at the machine's measured speed: its time and TPOT scaled by the probes'
+    ratios (prefill by the prompt probe's, the rest by the decode probe's), its speedup by the run's
+    and its baseline's own (`decode_base_ratios`: those of the run the decode speedup was measured
+    against, when it is not the speedup's baseline); tokens per step and time shares as predicted."""
+    from sim.validate.machine_speed import scaled_seconds
+
+    seconds = scaled_seconds(guess["seconds"], guess["prefill_s"], ratios)
+    out = {**guess, "tok_s": guess["tok_s"] * guess["seconds"] / seconds,
+           "tpot_ms": guess["tpot_ms"] * ratios["decode"], "seconds": seconds}
+    if guess["speedup"] is not None:
+        base_seconds = scaled_seconds(guess["base_seconds"], guess["base_prefill_s"], base_ratios)
+        out["speedup"] = base_seconds / seconds
+        decode_s = guess["seconds"] - guess["prefill_s"]
+        if guess["decode_speedup"] is not None and decode_s > 0:
+            out["decode_speedup"] = guess["decode_speedup"] * (decode_base_ratios or base_ratios)["decode"] / ratios["decode"]
+    return out
+
+
+def repeat_speedups(run: LiveRun, baselines: dict) -> tuple:
+    """Each repeat's throughput over the baseline's repeat of the same index (a campaign's pass N of
+    both), when both have the same number of repeats; empty otherwise."""
+    base = baselines.get(run.setting)
+    if not run.speculative or base is None or len(run.repeat_tok_s) < 2 \
+            or len(base.repeat_tok_s) != len(run.repeat_tok_s):
+        return ()
+    return tuple(mine / theirs for mine, theirs in zip(run.repeat_tok_s, base.repeat_tok_s))
+
+
+# ---- reports --------------------------------------------------------------------------------------
+
+def leave_one_out(values: tuple) -> list[float]:
+    """|each value / the median of the others - 1|: how far one repeat lands from what the others
+    measured."""
+    return [abs(v / float(np.median(values[:i] + values[i + 1:])) - 1) for i, v in enumerate(values)]
+
+
+def repeatability(rows: list[Comparison]) -> list[dict]:
+    """The measurement's own error, in the aggregate's form: each repeat of a run (3 or more)
+    against the median of its other repeats, throughput and speedup. A prediction cannot be held to
+    closer than this (a prediction is compared with the median repeat, whose own error is smaller
+    than one repeat's but not zero)."""
+    out = []
+    for metric, field_name in (("tok_s", "repeat_tok_s"), ("speedup", "repeat_speedup")):
+        seen, errors = set(), []
+        for r in rows:
+            values = getattr(r, field_name)
+            if len(values) >= 3 and r.run not in seen:
+                seen.add(r.run)
+                errors += leave_one_out(values)
+        if errors:
+            out.append({"prediction": "repeats", "metric": metric, "runs": len(seen),
+                        "median": float(np.median(errors)), "p90": float(np.percentile(errors, 90)),
+                        "worst": float(max(errors))})
+    return out
+
+
+def aggregate(rows: list[Comparison]) -> list[dict]:
+    """Median, P90 and worst |error| per prediction and metric; then the repeats' own
+    (`repeatability`) where runs were repeated."""
+    out = []
+    for prediction in (*PREDICTIONS, *(f"{p} {AT_PROBE}" for p in PREDICTIONS)):
+        mine = [r for r in rows if r.prediction == prediction]
+        if not mine:
+            continue
+        for metric in (*METRICS, "share"):
+            if prediction.startswith("cost model") and metric == "tokens_per_step":
+                continue            # one token per step by definition
+            errors = np.array([abs(r.share_error) if metric == "share" else abs(r.error(metric))
+                               for r in mine if (metric == "share" or r.error(metric) is not None)])
+            if errors.size == 0:
+                continue
+            out.append({"prediction": prediction, "metric": metric, "runs": int(errors.size),
+                        "median": float(np.median(errors)), "p90": float(np.percentile(errors, 90)),
+                        "worst": float(errors.max())})
+    return out + repeatability(rows)
+
+
+def format_comparisons(rows: list[Comparison]) -> str:
+    pct = lambda x: "" if x is None else f"{x:+.1%}"
+    num = lambda x, f: "" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, f)
+    lines = [f"{'run':<32} {'prediction':<18} {'tok/s meas':>10} {'pred':>7} {'err':>7} {'speedup meas':>12} "
+             f"{'pred':>6} {'err':>7} {'tok/step meas':>13} {'pred':>6} {'TPOT err':>8} {'share':>6}"]
+    for r in rows:
+        lines.append(f"{r.run[:32]:<32} {r.prediction:<18} {r.measured_tok_s:>10.2f} {r.predicted_tok_s:>7.2f} "
+                     f"{pct(r.error('tok_s')):>7} {num(r.measured_speedup, '.3f'):>12} "
+                     f"{num(r.predicted_speedup, '.3f'):>6} {pct(r.error('speedup')):>7} "
+                     f"{r.measured_tokens_per_step:>13.2f} {r.predicted_tokens_per_step:>6.2f} "
+                     f"{pct(r.error('tpot_ms')):>8} {r.share_error:>6.1%}")
+    lines.append("")
+    lines.append(f"{'prediction':<18} {'metric':<16} {'runs':>4} {'median':>7} {'P90':>7} {'worst':>7}   |error|")
+    for a in aggregate(rows):
+        lines.append(f"{a['prediction']:<18} {a['metric']:<16} {a['runs']:>4} {a['median']:>7.1%} "
+                     f"{a['p90']:>7.1%} {a['worst']:>7.1%}")
+    return "\n".join(lines)

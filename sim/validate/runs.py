@@ -1,0 +1,168 @@
+"""`profiler live` run folders (sim/formats/run_folder.py) as the validation harness reads them.
+
+Runs are grouped two ways: by drafter (runs whose acceptance can be fitted together: same method
+and draft settings) and by setting (runs on the same prompts and batches, so an autoregressive run
+is the measured baseline of every speculative run of its setting).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sim.errors import InputError
+from sim.formats.run_folder import META, REQUESTS, STEPS, SUMMARY
+
+# What makes two runs' acceptance comparable, per method (besides the method and the draft shape).
+DRAFT_SETTINGS = {"ngram": (), "shadow": ("bits", "group_size"), "layerskip": ("exit_layer",),
+                  "streaming": ("sink", "window"), "draft_model": ("draft_model", "draft_layers")}
+# What makes two runs decode the same prompts in the same batches.
+SETTING = ("model", "dtype", "device", "threads", "seed", "context", "text", "prompts", "limit", "batch",
+           "max_new_tokens", "temperature", "top_p")
+
+
+@dataclass
+class LiveRun:
+    path: Path
+    meta: dict
+    summary: dict
+    requests: "object"          # pandas DataFrame, sorted by request
+    steps: "object"             # pandas DataFrame of the speculative run's rows
+    repeat_tok_s: tuple = ()    # throughput of every repeat of this run (see merge_repeats)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def args(self) -> dict:
+        return self.meta["arguments"]
+
+    @property
+    def method(self) -> str:
+        return self.summary["method"]
+
+    @property
+    def speculative(self) -> bool:
+        return self.method != "none"
+
+    @property
+    def batch(self) -> int:
+        return int(self.args["batch"])
+
+    @property
+    def depth(self) -> int:
+        """Longest chain of drafts one step can accept."""
+        tree = self.args.get("tree")
+        return int(tree[1]) if tree else int(self.args["k"])
+
+    @property
+    def partial(self) -> bool:
+        return self.args.get("budget") is not None
+
+    @property
+    def context_tokens(self) -> float:
+        """Mean prompt length."""
+        return float(self.requests.prompt_tokens.mean())
+
+    @property
+    def drafter(self) -> str:
+        """A label naming the drafter and its settings: runs with the same label share acceptance."""
+        if not self.speculative:
+            return "none"
+        a = self.args
+        shape = f"tree {a['tree'][0]}x{a['tree'][1]}" if a.get("tree") else f"k={a['k']}"
+        extra = " ".join(f"{key}={a.get(key)}" for key in DRAFT_SETTINGS.get(self.method, ()))
+        sampled = f" T={a['temperature']}" if a.get("temperature") else ""
+        return " ".join(part for part in (self.method, extra, shape) if part) + sampled
+
+    @property
+    def setting(self) -> tuple:
+        a = self.args
+        return tuple(str(a.get(key)) for key in SETTING)
+
+    def steps_of(self, requests) -> "object":
+        """Steps of these requests, in step order."""
+        return self.steps[self.steps.request.isin(list(requests))].sort_values(["request", "step"])
+
+
+def read_run(run_dir: Path) -> LiveRun:
+    """A live run folder, or a one-line error naming what is wrong with it."""
+    import pandas as pd
+
+    run_dir = Path(run_dir)
+    try:
+        meta = json.loads((run_dir / META).read_text())
+        summary = json.loads((run_dir / SUMMARY).read_text())
+        requests = pd.read_parquet(run_dir / REQUESTS).sort_values("request").reset_index(drop=True)
+        steps = pd.read_parquet(run_dir / STEPS)
+    except FileNotFoundError as exc:
+        raise InputError("RUN_DIR", f"{run_dir} is not a profiler live run ({Path(exc.filename).name} missing)") from None
+    except (OSError, ValueError) as exc:
+        raise InputError("RUN_DIR", f"{run_dir} cannot be read ({exc.__class__.__name__})") from None
+    if "arguments" not in meta or "method" not in summary:
+        raise InputError("RUN_DIR", f"{run_dir}: meta.json or summary.json is not a live run's")
+    if len(steps):
+        steps = steps[steps.run == "speculative"]
+    return LiveRun(run_dir, meta, summary, requests, steps)
+
+
+def read_runs(paths: list[Path]) -> list[LiveRun]:
+    """The runs, repeats merged (`merge_repeats`)."""
+    return merge_repeats([read_run(p) for p in paths])
+
+
+def merge_repeats(runs: list[LiveRun]) -> list[LiveRun]:
+    """Folders of the same name are repeats of one run (a campaign's repeats/N/NAME): the median pass by
+    throughput stands for the run (of an even number, the faster of the middle two), and every
+    repeat's throughput is kept to show the spread. This machine has slow spells of tens of
+    seconds; the median pass is the machine's usual state, the level calibration measures too (the
+    median of its rounds, and of interleaved whole forwards), where the fastest pass would set the
+    measured side at its best state. Repeats must have the same arguments."""
+    by_name: dict[str, list[LiveRun]] = {}
+    for run in runs:
+        by_name.setdefault(run.name, []).append(run)
+    merged = []
+    for name, group in by_name.items():
+        # --out and --probe change where a run is written and what is measured around it, not the run.
+        arguments = {json.dumps({k: v for k, v in r.args.items() if k not in ("out", "probe")}, sort_keys=True)
+                     for r in group}
+        if len(arguments) > 1:
+            raise InputError("RUN_DIR", f"two runs named {name} have different arguments; give each run its own name")
+        by_speed = sorted(group, key=lambda r: -float(r.summary["throughput_tok_s"]))
+        median = by_speed[(len(by_speed) - 1) // 2]
+        median.repeat_tok_s = tuple(float(r.summary["throughput_tok_s"]) for r in group)
+        merged.append(median)
+    return merged
+
+
+def baselines_by_setting(runs: list[LiveRun]) -> dict[tuple, LiveRun]:
+    """The autoregressive run of each setting (the first, if a setting has several)."""
+    out: dict[tuple, LiveRun] = {}
+    for run in runs:
+        if not run.speculative:
+            out.setdefault(run.setting, run)
+    return out
+
+
+def measured_baseline_tok_s(run: LiveRun, baselines: dict[tuple, LiveRun]) -> float | None:
+    """The run's own --baseline throughput, else that of the autoregressive run of its setting."""
+    if run.summary.get("baseline_throughput_tok_s"):
+        return float(run.summary["baseline_throughput_tok_s"])
+    base = baselines.get(run.setting)
+    return float(base.summary["throughput_tok_s"]) if base is not None else None
+
+
+def per_request_steps(run: LiveRun, requests) -> dict[str, list[np.ndarray]]:
+    """Per request (in the given order), at each verification step: accepted drafts, tokens
+    rolled back (SpecPV rectify) and drafted tokens."""
+    steps = run.steps_of(requests)
+    groups = {rid: frame for rid, frame in steps.groupby("request", sort=False)}
+    out: dict[str, list[np.ndarray]] = {"accepted": [], "rolled_back": [], "drafted": []}
+    for rid in requests:
+        frame = groups.get(rid)
+        for column, values in out.items():
+            values.append(np.zeros(0, np.int64) if frame is None else frame[column].to_numpy(np.int64))
+    return out

@@ -1,0 +1,27 @@
+"""The layers hold: kernels import nothing of ours, sim never imports profiler, the kernels or
+torch, profiler reads only sim's formats, presets and cost model, and no package has an import
+cycle between its modules (the import-linter contracts in pyproject.toml)."""
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+
+def test_import_contracts_are_kept():
+    lint = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
+    if not Path(lint).exists():
+        pytest.fail("lint-imports is not installed (pip install -e '.[test]')")
+    proc = subprocess.run([lint, "--no-cache"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "Contracts: 4 kept, 0 broken." in proc.stdout
+
+
+def test_sim_starts_without_torch():
+    """A sweep must start fast on a machine with no GPU stack: importing all of sim loads no torch."""
+    code = ("import sys, sim, sim.cli, sim.sweep.commands, sim.validate.commands, sim.sweep.report, sim.capacity, "
+            "sim.analytic; print('torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "False"

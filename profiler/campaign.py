@@ -17,7 +17,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 from pydantic import ValidationError
 
 from profiler.live.config import LiveConfig, check_config
@@ -45,6 +44,8 @@ def campaign_names() -> list[str]:
 
 def read_campaign(name_or_path: str) -> dict:
     """The campaign's mapping: name, path, defaults, runs (each with a unique `name`)."""
+    import yaml
+
     path = Path(name_or_path)
     if not path.suffix:
         path = CAMPAIGNS / f"{name_or_path}.yaml"
@@ -123,7 +124,7 @@ def run_campaign(config: CampaignConfig) -> None:
     if repeats < 1:
         raise InputError("--repeats", f"must be >= 1 (got {repeats})")
     planned = plan_runs(campaign, config, repeats)
-    names = [r["name"] for r in campaign["runs"] if config.only is None or r["name"] in config.only]
+    names = [r["name"] for r in campaign["runs"]]      # the whole campaign, whatever --only ran
     wall_s = {repeat: read_wall_times(repeat_folder(config.out, repeat)) for repeat in range(1, repeats + 1)}
 
     def record(repeat: int) -> None:

@@ -11,18 +11,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from profiler.live.config import DEFAULT_PROMPTS
-from sim.errors import exit_code
+from sim.errors import OneLineParser, exit_code
 from sim.formats.names import LIVE_METHODS
 
 if TYPE_CHECKING:
     from profiler.live.config import LiveConfig
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """Usage mistakes are bad input too: one line, exit code 2."""
-
-    def error(self, message: str):
-        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
 def add_live_arguments(parser: argparse.ArgumentParser) -> None:

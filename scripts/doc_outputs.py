@@ -19,8 +19,9 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+from sim.formats.files import write_atomic
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"^```\n(\$ [^\n]*\n)(.*?)^```$", re.M | re.S)
@@ -58,10 +59,7 @@ def main() -> int:
             print(f"{path}: stale output of: {command}", file=sys.stderr)
         failed |= bool(stale)
         if stale and not args.check:
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-            with os.fdopen(fd, "w") as handle:
-                handle.write(fresh)
-            os.replace(tmp, path)
+            write_atomic(path, fresh)
     return 1 if failed and args.check else 0
 
 

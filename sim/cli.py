@@ -28,17 +28,10 @@ import json
 import sys
 from pathlib import Path
 
-from sim.errors import InputError, exit_code
+from sim.errors import InputError, OneLineParser, exit_code
 from sim.formats.files import write_atomic
 from sim.scenario import load_scenario, read_mapping, resolve_relative_paths
 from sim.scenario.overrides import parse_value, set_field, split_assignment
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """Usage mistakes are bad input too: one line, exit code 2."""
-
-    def error(self, message: str):
-        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

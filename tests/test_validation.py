@@ -1,5 +1,5 @@
 """The validation harness: replaying and fitting acceptance, SpecPV disagreement, vLLM counters, and
-the smoke study end to end on the real SmolLM2."""
+the smoke campaign end to end on the real SmolLM2."""
 import json
 import math
 import re
@@ -281,7 +281,9 @@ def test_smoke_campaign_end_to_end_replays_and_fits(tmp_path):
     assert record["campaign"] == "smoke" and record["runs"] == ["none-c256-b2", "ngram-c256-b2"]
     assert record["file"] == "profiler/campaigns/smoke.yaml" and set(record["wall_s"]) == set(record["runs"])
     arguments = json.loads((out / "none-c256-b2" / "meta.json").read_text())["arguments"]
-    assert arguments["prompts"] == "profiler/live/prompts.jsonl" and not arguments["text"].startswith("/")
+    # Paths relative to the repository; long-context prompts come from the text, not a prompts file.
+    assert arguments["prompts"] is None and arguments["text"] == "../shared/data/pride_and_prejudice.txt"
+    assert not arguments["out"].startswith("/") and arguments["out"].endswith("smoke/none-c256-b2")
     # The campaign's own bundle prices it: no --calibration needed.
     proc = validate(out, "--out", out, "--docs", docs)
     assert proc.returncode == 0, proc.stderr[-2000:]

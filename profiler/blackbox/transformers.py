@@ -269,8 +269,6 @@ def run_transformers_live(settings: LiveConfig) -> None:
     from sim.formats.provenance import git_revision
     from sim.formats.run_folder import write_run_folder
 
-    if settings.out.exists():
-        raise InputError("--out", f"{settings.out} exists; give a new folder")
     check_config(settings)
     if settings.method not in ("none", "ngram") or settings.batch != 1 or settings.context is None:
         raise InputError("--method", "hf-live runs generate() or its prompt lookup (none, ngram) at batch 1 on "

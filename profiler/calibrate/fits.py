@@ -70,7 +70,7 @@ class EngineProbe:
         self.selection_s: dict[tuple, list[float]] = {
             (b, c, k): [] for b in self.selection_batches for c in self.selection_contexts for k in SELECTION_BUDGETS}
         # The machine probe (probe.py) once a round: the speed this bundle was
-        # measured at, which a live run's own probe is compared with (sim/machine_speed.py).
+        # measured at, which a live run's own probe is compared with (sim/validate/machine_speed.py).
         self.machine_probe: list[dict] = []
         self.timing_cache: list[tuple] | None = None      # install_timing_cache
 

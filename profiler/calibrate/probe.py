@@ -1,6 +1,6 @@
 """The machine probe: two fixed forwards of the run's own model, timed just before and after a live
 run (`profiler live --probe`) and in every calibration round, so a prediction can be put at the
-speed the machine ran at (sim/machine_speed.py).
+speed the machine ran at (sim/validate/machine_speed.py).
 
 A decode forward (batch 1, one query token at sim.validate.machine_speed.PROBE_DECODE_KV cached tokens:
 weight-bandwidth-bound, like decoding) and a whole prompt of PROBE_PROMPT_TOKENS tokens on the

@@ -115,6 +115,9 @@ def calibrate(config: CalibrateConfig) -> Path:
     from tqdm import tqdm
 
     check_config(config)
+    if config.engine != "live":
+        raise InputError("--engine", "calibrate() times the live engine's operators; transformers is calibrated by "
+                                     "profiler.blackbox.transformers.calibrate_transformers")
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     plan = plan_calibration(config)

@@ -55,10 +55,13 @@ class LiveConfig(BaseModel):
     out: Path                            # the run folder to write (must not exist)
 
     def recorded(self) -> dict:
-        """The settings as meta.json records them (`arguments`): paths relative to the repository."""
+        """The settings as meta.json records them (`arguments`): paths relative to the repository;
+        no prompts file in long-context mode, which cuts its prompts from `text`."""
         values = self.model_dump(mode="json")
         for name in ("tokenizer", "prompts", "text", "out"):
             values[name] = repo_relative(getattr(self, name))
+        if self.context is not None:
+            values["prompts"] = None
         return values
 
 

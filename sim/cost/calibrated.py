@@ -8,7 +8,7 @@ adds the engine's host overhead. A whole forward runs slower than its operators 
 weights and KV streamed back to back), by a factor that depends on the forward's query tokens and
 the KV it reads, so the bundle also carries that factor, measured on whole forwards, and every
 forward is multiplied by it. Only the source of each term changes: an OperatorTable measured by `python -m profiler
-calibrate` (sim/cost/bundle.py) instead of FLOPs and bytes over datasheet rates, and fitted
+calibrate` (sim/formats/bundle.py) instead of FLOPs and bytes over datasheet rates, and fitted
 overheads of the live engine instead of an engine preset's.
 
 Attention of a group of requests reads the table at (requests, query tokens per request, mean KV
@@ -17,7 +17,7 @@ table (SDPA's causal kernel, as the engine's prefill runs), a chunk after a cach
 prefill table (masked); SpecPV's partial groups read the partial-attention table (selected positions gathered). A stack the bundle did not measure (a draft model or head of other dimensions, EAGLE-3's
 fusion layer, a Medusa block) keeps the roofline price, and the result says so in its warnings.
 Tensor parallelism and weight offloading are out of a single-device bundle's reach: tensor_parallel
-must be 1 (sim/scenario.py checks), and transfers use the measured host-link rate when the bundle has one.
+must be 1 (sim/scenario/schema.py checks), and transfers use the measured host-link rate when the bundle has one.
 """
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ SCHEMA_VERSION = 1
 META, PROFILE = "meta.json", "profile.parquet"
 DIMS = ("batch", "query", "kv", "tokens", "context", "budget", "bytes")
 COLUMNS = (*DIMS, "op", "seconds", "spread", "runs", "held_out", "flops", "bytes_moved")
-# What a bundle's tables should hold out within (issue 5): the median |interpolated / measured - 1|
+# What a bundle's tables should hold out within: the median |interpolated / measured - 1|
 # over its off-grid points. A scenario reading a bundle above it carries a warning.
 HELD_OUT_TARGET = 0.05
 MODEL_FIELDS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "tied_embeddings")
@@ -93,7 +93,7 @@ def expected_range(n: int) -> float:
 
 
 # Past its longest prompt, a whole prompt's causal attention grows with the prompt's square (its
-# work is query x (query + 1) / 2 pairs); every other operator table linearly (sim/cost/table.py).
+# work is query x (query + 1) / 2 pairs); every other operator table linearly (sim/formats/table.py).
 POWER_ABOVE = {"attention_prompt": 2.0}
 
 

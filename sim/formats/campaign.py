@@ -1,8 +1,10 @@
 """A live campaign's folder: what `python -m profiler campaign` writes, `sim validate` and
 `sim fit-acceptance` read.
 
-    DIR/campaign.json          the record of repeat 1: {"campaign", "file", "calibration", "repeat",
-                               "runs": [names, in the campaign's order], "wall_s": {name: s}, "total_s"}
+    DIR/campaign.json          the record of repeat 1: {"campaign", "file", "calibration" (the bundle
+                               that predicts it, or null), "repeat", "runs": [every run's name, in
+                               the campaign's order], "wall_s": {name: s}, "total_s" (null where the
+                               runs' times were not recorded)}
     DIR/NAME/                  repeat 1's run folders (sim/formats/run_folder.py)
     DIR/repeats/N/campaign.json, DIR/repeats/N/NAME/   repeat N > 1
 

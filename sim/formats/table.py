@@ -4,7 +4,7 @@ Inside the grid: multilinear interpolation of log(seconds) over log(coordinates)
 logs keeps power laws exact (a linear's time is linear in tokens past its ridge, flat below it)
 and never crosses zero; piecewise-linear pieces never leave the range of the neighbouring
 measurements (monotone between grid points, no spline overshoot). The table interpolates what it
-is given; sim/cost/bundle.py gives it the measured grid made monotone in every dim first
+is given; sim/formats/bundle.py gives it the measured grid made monotone in every dim first
 (`monotone_in_every_dim`: more tokens, KV or batch never cost less, so a dip is timing noise;
 held-out error 7.8-10.1% median instead of 7.9-10.4% on the four CPU bundles of 04:34-13:14).
 

@@ -12,6 +12,7 @@ from typing import Literal
 import pandas as pd
 
 from sim.errors import InputError
+from sim.formats.provenance import repo_relative
 
 
 INTEGER_COLUMNS = ("batch", "requests", "k", "budget", "period", "seed", "tensor_parallel", "peak_batch",
@@ -81,7 +82,7 @@ def sweep(options: SweepOptions) -> int:
         from sim.validate.parity import read_validation
 
         validation = read_validation(Path(validation_path))
-        provenance["validation"] = str(validation_path)
+        provenance["validation"] = repo_relative(validation_path)
     from sim.sweep.report import write_report
     from sim.sweep.store import write_table
 
@@ -140,10 +141,10 @@ def panel_of(point, row: dict) -> str:
 
 
 def sweep_provenance(loaded, frame: pd.DataFrame, timing: dict) -> dict:
-    from sim.formats.provenance import git_revision, versions
+    from sim.formats.provenance import REPO_ROOT, git_revision, versions
     from sim.simulate import bundle_provenance
 
-    calibrations = {path: bundle_provenance(path) for path in frame["calibration"].dropna().unique()}
+    calibrations = {path: bundle_provenance(REPO_ROOT / path) for path in frame["calibration"].dropna().unique()}
     return {
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "git_revision": git_revision(), "versions": versions(("pandas", "pyarrow", "plotly", "ray")),

@@ -13,6 +13,7 @@ from collections import defaultdict
 
 from sim.cost.batch import PHASES
 from sim.errors import InputError
+from sim.formats.provenance import repo_relative
 from sim.result import json_safe
 from sim.sweep.study import Point
 
@@ -55,7 +56,7 @@ def result_row(point: Point, result) -> dict:
         "id": point.id, "group": point.group, "method": point.method,
         "speculation": spec.method, "hardware": s.hardware_spec.name, "model": s.model_spec.name,
         "dtype": s.dtype, "tensor_parallel": s.tensor_parallel, "engine": s.engine_spec.name,
-        "calibration": None if s.calibration is None else str(s.calibration),
+        "calibration": None if s.calibration is None else repo_relative(s.calibration),
         "arrival": work.arrival, "batch": work.concurrency if work.arrival == "closed" else None,
         "rate_qps": work.rate_qps, "requests": work.requests,
         "context": mean_tokens(prompt),

@@ -38,7 +38,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, ValidationError
 
 from sim.errors import InputError
-from sim.formats.provenance import REPO_ROOT
+from sim.formats.provenance import REPO_ROOT, repo_relative
 
 EMBEDDED = {"default": "default.yaml", "smoke": "smoke.yaml"}
 
@@ -231,7 +231,15 @@ def resolve_scenario_paths(scenario: dict, base_dir: Path) -> None:
 
 
 def point_id(group: str, scenario: dict) -> str:
-    text = json.dumps([group, scenario], sort_keys=True, default=str)
+    """A digest of the point's group and scenario, its files named relative to the repository, so
+    a point has the same id in every checkout."""
+    portable = copy.deepcopy(scenario)
+    for dotted in PATH_FIELDS:
+        parent, _, leaf = dotted.rpartition(".")
+        node = lookup(portable, parent) if parent else portable
+        if isinstance(node, dict) and isinstance(node.get(leaf), str) and Path(node[leaf]).is_absolute():
+            node[leaf] = repo_relative(node[leaf])
+    text = json.dumps([group, portable], sort_keys=True, default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 

@@ -329,7 +329,7 @@ PRICED_PROBE_NOTE = "speed against the bundle's price of the probe (the bundle h
 
 
 def run_speed(run: LiveRun, calibration: Path | None) -> dict | None:
-    """The machine's speed at the run over its bundle's (sim/machine_speed.py): ratios per probe
+    """The machine's speed at the run over its bundle's (sim/validate/machine_speed.py): ratios per probe
     and whether the reference was priced rather than timed; None for a run without a probe or a
     prediction without a bundle."""
     from sim.formats.bundle import load_bundle

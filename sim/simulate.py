@@ -136,7 +136,7 @@ def provenance(scenario: Scenario, warnings: list[str] | None = None) -> dict:
         "model": scenario.model_spec.name,
         "dtype": scenario.dtype,
         "engine": scenario.engine_spec.name,
-        "cost_model": "roofline" if scenario.calibration is None else f"calibrated:{scenario.calibration}",
+        "cost_model": "roofline" if scenario.calibration is None else f"calibrated:{repo_relative(scenario.calibration)}",
         "calibration": bundle,
         "warnings": warnings or [],
         "seed": scenario.seed,

@@ -30,7 +30,7 @@ from profiler.device import cpu_model, hardware_name, memory_gb
 from sim.errors import InputError
 from sim.formats.bundle import (HELD_OUT_TARGET, META, MODEL_FIELDS, PROFILE, SCHEMA_VERSION, model_hash,
                                 round_spread, timing_noise_line, write_bundle)
-from sim.formats.provenance import git_revision
+from sim.formats.provenance import git_revision, repo_relative
 
 # The operators whole forwards are composed of: without them (an --operators subset) no engine fits.
 FORWARD_OPERATORS = (*(f"linear.{n}" for n in ("qkv", "o", "gate_up", "down")), "elementwise", "attention",
@@ -213,7 +213,9 @@ def bundle_meta(config, model_name: str, dtype_name: str, device: str, device_na
         "versions": {"torch": torch.__version__, "triton": triton_version,
                      "cuda": torch.version.cuda if device == "cuda" else None, "python": platform.python_version()},
         "dtype": dtype_name,
-        "model": {"name": model_name, "hash": model_hash(config), **{f: getattr(config, f) for f in MODEL_FIELDS}},
+        # A config.json is named as every path a result records: relative to the repository.
+        "model": {"name": repo_relative(model_name) if model_name.endswith(".json") else model_name,
+                  "hash": model_hash(config), **{f: getattr(config, f) for f in MODEL_FIELDS}},
         "grid": {op: {"dims": list(axes), "axes": axes} for op, axes in grid.items()},
         "rounds": rounds, "quick": bool(quick), "seed": seed,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -148,7 +148,7 @@ def sweep_provenance(loaded, frame: pd.DataFrame, timing: dict) -> dict:
     return {
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "git_revision": git_revision(), "versions": versions(("pandas", "pyarrow", "plotly", "ray")),
-        "study": loaded.study.model_dump(mode="json"), "study_source": loaded.source, "study_text": loaded.text,
+        "study": loaded.study.model_dump(mode="json"), "study_source": loaded.source if loaded.source.startswith("embedded:") else repo_relative(loaded.source), "study_text": loaded.text,
         "skipped": loaded.skipped, "calibrations": calibrations,
         "hardware": sorted(frame["hardware"].unique().tolist()),
         "dtypes": sorted(frame["dtype"].unique().tolist()),

@@ -12,7 +12,6 @@ predicts them all.
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +20,7 @@ from pydantic import ValidationError
 
 from profiler.live.config import LiveConfig, check_config
 from sim.errors import InputError
-from sim.formats.campaign import RECORD, repeat_folder
-from sim.formats.files import write_atomic
-from sim.formats.provenance import repo_relative
+from sim.formats.campaign import repeat_folder, wall_times, write_record
 
 CAMPAIGNS = Path(__file__).resolve().parent / "campaigns"
 
@@ -106,13 +103,6 @@ def plan_runs(campaign: dict, config: CampaignConfig, repeats: int) -> list[tupl
     return planned
 
 
-def read_wall_times(folder: Path) -> dict:
-    try:
-        return json.loads((folder / RECORD).read_text()).get("wall_s", {})
-    except (OSError, ValueError):
-        return {}
-
-
 def run_campaign(config: CampaignConfig) -> None:
     """Run (or resume) every repeat of the campaign, recording each repeat's campaign.json."""
     from tqdm import tqdm
@@ -125,14 +115,11 @@ def run_campaign(config: CampaignConfig) -> None:
         raise InputError("--repeats", f"must be >= 1 (got {repeats})")
     planned = plan_runs(campaign, config, repeats)
     names = [r["name"] for r in campaign["runs"]]      # the whole campaign, whatever --only ran
-    wall_s = {repeat: read_wall_times(repeat_folder(config.out, repeat)) for repeat in range(1, repeats + 1)}
+    wall_s = {repeat: wall_times(repeat_folder(config.out, repeat)) for repeat in range(1, repeats + 1)}
 
     def record(repeat: int) -> None:
-        times = wall_s[repeat]
-        write_atomic(repeat_folder(config.out, repeat) / RECORD, json.dumps(
-            {"campaign": campaign["name"], "file": repo_relative(campaign["path"]),
-             "calibration": campaign.get("calibration"), "repeat": repeat, "runs": names, "wall_s": times,
-             "total_s": round(sum(times.values()), 2)}, indent=2) + "\n")
+        write_record(repeat_folder(config.out, repeat), campaign["name"], campaign["path"],
+                     campaign.get("calibration"), repeat, names, wall_s[repeat])
 
     models: dict = {}
     started = time.perf_counter()

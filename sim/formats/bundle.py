@@ -16,7 +16,6 @@ profile.parquet, one row per measurement:
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -82,7 +81,7 @@ def timing_noise_line(spread: float, rounds: int) -> str:
     return f"timing noise: the rounds of one point span a median {spread:.1%} of its time{rounds_note(rounds)}"
 
 
-@functools.lru_cache(maxsize=None)
+@lru_cache(maxsize=None)
 def expected_range(n: int) -> float:
     """d2(n): the expected range of n independent standard normal draws,
     the integral over x of 1 - Phi(x)^n - (1 - Phi(x))^n."""

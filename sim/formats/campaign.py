@@ -16,6 +16,8 @@ import json
 from pathlib import Path
 
 from sim.errors import InputError
+from sim.formats.files import write_atomic
+from sim.formats.provenance import repo_relative
 
 RECORD = "campaign.json"
 
@@ -38,6 +40,20 @@ def read_record(folder: Path) -> dict:
     if not isinstance(record, dict) or not isinstance(record.get("runs"), list):
         raise InputError("RUN_DIR", f"{path} is not a campaign record")
     return record
+
+
+def write_record(folder: Path, campaign: str, file: Path, calibration: str | None, repeat: int, runs: list[str],
+                 wall_s: dict[str, float]) -> None:
+    """A repeat folder's campaign.json: the campaign, every run's name in its order, and the wall
+    times of the runs done so far."""
+    record = {"campaign": campaign, "file": repo_relative(file), "calibration": calibration, "repeat": repeat,
+              "runs": runs, "wall_s": wall_s, "total_s": round(sum(wall_s.values()), 2)}
+    write_atomic(Path(folder) / RECORD, json.dumps(record, indent=2) + "\n")
+
+
+def wall_times(folder: Path) -> dict[str, float]:
+    """The wall times a repeat folder's record holds (none for a folder without one)."""
+    return dict(read_record(folder).get("wall_s") or {}) if is_campaign(folder) else {}
 
 
 def repeat_folders(folder: Path) -> list[Path]:

@@ -20,13 +20,11 @@ from sim.formats.files import write_folder_atomic
 
 STEPS, REQUESTS, SUMMARY, OUTPUTS, META = "steps.parquet", "requests.parquet", "summary.json", "outputs.jsonl", "meta.json"
 
-# The phases of a live run's summary time_share, each with the simulator's phases it corresponds to
+# The phases of a live run's summary time_share, each with the simulator's phase it corresponds to
 # (sim/formats/names.py). A batch step whose requests verified in different SpecPV modes is one
-# forward, "mixed"; "other" is host time outside the forwards.
-RUN_PHASES = {"prefill": ("prefill",), "draft": ("draft",), "verify": ("decode", "verify"),
-              "partial": ("partial_verify",), "full": ("full_verify",),
-              "mixed": ("partial_verify", "full_verify"), "selection": ("selection",),
-              "other": ("overhead", "transfer")}
+# target forward, "mixed"; "other" is host time outside the forwards.
+RUN_PHASES = {"prefill": "prefill", "draft": "draft", "verify": "verify", "partial": "partial_verify",
+              "full": "full_verify", "mixed": "verify", "selection": "selection", "other": "overhead"}
 
 # The machine probe (`profiler live --probe`, and once a calibration round): a decode forward at
 # PROBE_DECODE_KV cached tokens (bandwidth-bound like decoding) and a whole PROBE_PROMPT_TOKENS-token

@@ -233,11 +233,14 @@ def resolve_scenario_paths(scenario: dict, base_dir: Path) -> None:
 def point_id(group: str, scenario: dict) -> str:
     """A digest of the point's group and scenario, its files named relative to the repository, so
     a point has the same id in every checkout."""
-    portable = copy.deepcopy(scenario)
+    portable = scenario
     for dotted in PATH_FIELDS:
         parent, _, leaf = dotted.rpartition(".")
         node = lookup(portable, parent) if parent else portable
         if isinstance(node, dict) and isinstance(node.get(leaf), str) and Path(node[leaf]).is_absolute():
+            if portable is scenario:          # copied once, and only when a file is named
+                portable = copy.deepcopy(scenario)
+                node = lookup(portable, parent) if parent else portable
             node[leaf] = repo_relative(node[leaf])
     text = json.dumps([group, portable], sort_keys=True, default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:16]

@@ -263,7 +263,7 @@ def measured(run: LiveRun, baselines: dict) -> dict:
             "decode_speedup": decode_speedup,
             "tpot_ms": float(tpot.mean()) * 1e3 if len(tpot) else math.nan,
             "tokens_per_step": tokens_per_step,
-            "share": {k: sum(share.get(p, 0.0) for p in RUN_PHASES if share_group(RUN_PHASES[p][0]) == k)
+            "share": {k: sum(share.get(p, 0.0) for p in RUN_PHASES if share_group(RUN_PHASES[p]) == k)
                       for k in SHARES}}
 
 

@@ -29,15 +29,8 @@ def memory_gb(device: str) -> float:
 
 def hardware_name(device_name: str, cuda: bool) -> str:
     """The simulator's hardware preset a device corresponds to (a bundle from another one warns)."""
-    if not cuda:
-        return "cpu"
-    name = device_name.lower()
-    for needle, preset in (("h200", "h200"), ("h100 pcie", "h100-pcie"), ("h100", "h100-sxm"),
-                           ("a100-sxm4-40", "a100-40g"), ("a100", "a100-80g"), ("l40", "l40"), ("4090", "rtx-4090"),
-                           ("3090", "rtx-3090"), ("4070", "rtx-4070"), ("4060 ti", "rtx-4060-ti-8g"),
-                           ("2080 ti", "rtx-2080-ti")):
-        if needle in name:
-            return preset
-    return "custom"
+    from sim.scenario.presets.hardware import preset_of_device
+
+    return preset_of_device(device_name) if cuda else "cpu"
 
 

@@ -3,6 +3,7 @@ python -m sim sweep [STUDY.yaml] [--executor local|ray] [--address ADDR] [--work
 python -m sim report RESULTS_DIR [--validation CSV] [--out FILE]
 python -m sim capacity SCENARIO [--set FIELD=VALUE ...] [--tolerance F] [--max-rate QPS] [--json]
 python -m sim validate RUN_DIR|CAMPAIGN_DIR... [--calibration DIR] [--out DIR] [--docs FILE]
+python -m sim validate --published [CATALOGUE] [--out DIR] [--docs FILE]
 python -m sim fit-acceptance RUN_DIR|CAMPAIGN_DIR... [--vllm FILE ...] -o acceptance.yaml
 
 run: simulates a scenario with its speculation and without (the baseline), on the same requests and
@@ -13,7 +14,8 @@ results.parquet and report.html (docs/scenario.md, "Studies").
 report: rebuilds report.html from a sweep's results.parquet.
 capacity: the highest Poisson request rate meeting the scenario's SLOs, with and without speculation.
 validate: predicts each `profiler live` run (or every run of a `profiler campaign` folder), replaying
-its acceptance and with acceptance fitted on the other runs, and reports the errors
+its acceptance and with acceptance fitted on the other runs, and reports the errors; with
+--published, predicts the catalogue of published GPU measurements (validation/published) instead
 (docs/validation.md).
 fit-acceptance: per drafter, the acceptance block of a scenario fitted on live runs (or vLLM's
 counters), and SpecPV's disagreement with full verification.
@@ -73,13 +75,18 @@ def build_parser() -> argparse.ArgumentParser:
                           help="stop when the bracket is narrower than this fraction of the rate (default 0.02)")
     capacity.add_argument("--max-rate", type=float, help="highest rate to try, in requests/s")
     capacity.add_argument("--json", action="store_true", help="print JSON instead of a summary")
-    validate = commands.add_parser("validate", help="predict profiler live runs and report the error")
-    validate.add_argument("runs", type=Path, nargs="+", metavar="RUN_DIR",
+    validate = commands.add_parser("validate", help="predict profiler live runs, or the published GPU "
+                                                    "measurements, and report the error")
+    validate.add_argument("runs", type=Path, nargs="*", metavar="RUN_DIR",
                           help="folders written by profiler live, or campaign folders written by profiler campaign "
                                "(every run of every repeat)")
     validate.add_argument("--calibration", type=Path,
                           help="calibration bundle (default: a campaign's own, else the roofline model)")
-    validate.add_argument("--out", type=Path, help="write validation.csv and parity.html here")
+    validate.add_argument("--published", type=Path, nargs="?", const=Path("-"), metavar="CATALOGUE",
+                          help="predict the published-measurement catalogue instead (default folder: "
+                               "validation/published): errors.csv and parity.html, fit and held half apart")
+    validate.add_argument("--out", type=Path, help="write validation.csv and parity.html here (with --published: "
+                                                   "errors.csv and parity.html; default the catalogue folder)")
     validate.add_argument("--docs", type=Path, help="with --out: replace the table between this Markdown file's "
                                                     "validation markers named after the --out folder")
     fit = commands.add_parser("fit-acceptance", help="fit acceptance per drafter from live runs or vLLM counters")
@@ -114,8 +121,18 @@ def dispatch(args: argparse.Namespace) -> int:
     if args.command == "capacity":
         return capacity_command(args.scenario, args.overrides, args.tolerance, args.max_rate, args.json)
     if args.command == "validate":
-        from sim.validate.commands import validate
+        from sim.validate.commands import validate, validate_published
 
+        if args.published is not None:
+            if args.runs or args.calibration is not None:
+                raise InputError("--published", "predicts the catalogue with the roofline model: give no RUN_DIR "
+                                                "or --calibration with it")
+            from sim.formats.provenance import REPO_ROOT
+
+            catalogue = REPO_ROOT / "validation/published" if args.published == Path("-") else args.published
+            return validate_published(catalogue, out=args.out, docs=args.docs)
+        if not args.runs:
+            raise InputError("RUN_DIR", "give run or campaign folders, or --published [CATALOGUE]")
         return validate(args.runs, calibration=args.calibration, out=args.out, docs=args.docs)
     if args.command == "fit-acceptance":
         from sim.validate.commands import fit_acceptance
@@ -175,6 +192,16 @@ def capacity_command(scenario: Path, overrides: list[str], tolerance: float, max
     return 0
 
 
+def trust_line(result) -> str:
+    """How far to trust the speedup: the error of comparable validated cases (sim/bands.py)."""
+    if not result.scenario.speculation.enabled:
+        return "no speculation"
+    band = result.speedup_band
+    if band is None:
+        return f"speedup {result.speedup:.2f}x; no comparable validated case (docs/validation.md)"
+    return f"speedup {result.speedup:.2f}x {band.describe()}"
+
+
 def format_summary(result) -> str:
     s = result.scenario
     run, base = result.run, result.baseline
@@ -188,6 +215,7 @@ def format_summary(result) -> str:
         f"speedup {result.speedup:.3f}x",
         f"  decode only     {run.decode_throughput_tok_s:10.1f} tok/s   baseline {base.decode_throughput_tok_s:10.1f}   "
         f"speedup {result.decode_speedup:.3f}x",
+        f"  trust           {trust_line(result)}",
         f"  tokens/step     {run.tokens_per_step:10.3f}",
         "  latency (ms)         p50       p90       p99",
     ]

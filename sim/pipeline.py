@@ -49,6 +49,10 @@ class RunRecord:
     partial_steps: int = 0                 # SpecPV: request-steps verified against the partial KV
     full_verifications: int = 0            # SpecPV: request-steps verified against the full KV
     preemptions: int = 0
+    # Decode-only accounting, as long-context papers measure it: iterations that prefill nothing,
+    # and the output tokens they commit (nothing of an iteration with a prefill chunk counts).
+    decode_only_s: float = 0.0
+    decode_only_tokens: int = 0
 
 
 class _DecodeSlots:
@@ -95,11 +99,14 @@ class PipelineSimulation:
         self.method = spec.method
         self.verify_tokens = spec.verify_tokens if self.speculative else 1
         self.draft_forwards = spec.draft_depth
+        # Draft forwards a step runs: none for a host drafter, one for Medusa's heads.
+        self.draft_forward_count = 0 if stacks.draft is None else 1 if self.method == "medusa" else self.draft_forwards
         self.tree_width = spec.tree.tokens_per_draft_forward if spec.tree is not None else 1
         self.partial = spec.partial_verify if self.speculative else None
         self.final_check = self.partial is not None and self.partial.rectify
         self.replayed_lengths = getattr(acceptance, "verify_tokens", None) if self.speculative else None
         self.pad_ragged = scenario.scheduler.pad_ragged
+        self.static = scenario.scheduler.batching == "static"
         self.max_batch = min(scenario.scheduler.max_batch, memory.max_running or scenario.scheduler.max_batch)
         self.prefill_chunk = scenario.scheduler.prefill_chunk
         self.reserve_tokens = memory.partial_cache_tokens
@@ -155,6 +162,8 @@ class PipelineSimulation:
     def admit_waiting(self) -> None:
         """FIFO admission while a batch slot and KV memory for the prompt are free."""
         capacity = self.memory.kv_capacity_tokens
+        if self.static and (self.slots.n or self.prefilling):
+            return                      # a static batch admits nobody until it is done
         while self.waiting and self.slots.n + len(self.prefilling) < self.max_batch:
             rid = self.waiting[0]
             prompt = self.prompt_tokens[rid] + self.generated[rid]
@@ -198,10 +207,10 @@ class PipelineSimulation:
         return chunks
 
     # ---- one iteration --------------------------------------------------------------------------
-    def price_iteration(self, chunks, shares: list[float]) -> tuple[float, dict]:
-        """Seconds of one engine iteration, and the per-request plan the commit needs."""
+    def price_iteration(self, chunks, shares: list[float], n: int) -> tuple[float, dict]:
+        """Seconds of one engine iteration decoding slots 0..n-1, and the per-request plan the
+        commit needs."""
         cost, stacks, s = self.cost, self.stacks, self.slots
-        n = s.n
         seconds = cost.step_overhead(n + len(chunks), shares)
         plan: dict = {}
         prefill = None
@@ -220,6 +229,7 @@ class PipelineSimulation:
         ctx_sum = self.ctx_sum
         if self.speculative:
             seconds += self.price_drafts(n, ctx, ctx_sum, shares)
+            seconds += cost.speculation_overhead(n, self.draft_forward_count, shares)
         if self.partial is not None:
             # Replayed proposal lengths are not applied here: the live engine's drafters always
             # propose k tokens (its n-gram drafter repeats the last token when nothing matches).
@@ -306,11 +316,11 @@ class PipelineSimulation:
                                            query_tokens=None if g.query_tokens is None else np.full(g.requests, longest))
         return seconds
 
-    def commit(self, chunks, plan) -> None:
-        """Apply the iteration's outcome at its end time: prefill progress, accepted tokens, finishes."""
+    def commit(self, chunks, plan, n: int) -> None:
+        """Apply the iteration's outcome at its end time: prefill progress, accepted tokens of slots
+        0..n-1, finishes."""
         now = self.env.now
         s, record = self.slots, self.record
-        n = s.n
         record.decoding.append(n)
         if n:
             ctx = s.ctx[:n]
@@ -330,6 +340,9 @@ class PipelineSimulation:
             else:
                 committed = 1
                 grown = n
+            if not chunks:
+                # Output tokens only: a step may commit past a request's last token.
+                record.decode_only_tokens += int(np.minimum(committed, s.finish[:n] - ctx).sum())
             ctx += committed
             self.ctx_sum += grown
             self.kv_used_tokens += grown
@@ -457,10 +470,14 @@ class PipelineSimulation:
             if self.kv_used_tokens + self.slots.n * self.verify_tokens > self.memory.kv_capacity_tokens:
                 self.make_room_for_step()
             chunks = self.prefill_chunks() if self.prefilling else ()
-            step_s, plan = self.price_iteration(chunks, shares)
+            # A static batch decodes only once all its prompts are prefilled (in chunks).
+            n = 0 if self.static and self.prefilling else self.slots.n
+            step_s, plan = self.price_iteration(chunks, shares, n)
             yield self.env.timeout(step_s)
             record.step_s.append(step_s)
-            self.commit(chunks, plan)
+            if not chunks:
+                record.decode_only_s += step_s
+            self.commit(chunks, plan, n)
 
     def run(self) -> RunRecord:
         if self.requests.closed_concurrency is not None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sim.cost.batch import PHASES, PREFILL
+from sim.cost.batch import PHASES
 from sim.pipeline import RunRecord
 from sim.scenario.schema import Scenario
 
@@ -80,10 +80,10 @@ def summarize(record: RunRecord, scenario: Scenario) -> RunMetrics:
     else:  # no speculation: every decode step commits one token
         hist = np.array([0, int(decoding.sum())])
         tps = 1.0
-    # Decode-only throughput (long-context papers): tokens after the first, over time not spent on
-    # prefill (the prefill part of every iteration); idle gaps stay in the denominator.
-    decode_time = makespan - record.phase_s[PREFILL]
-    decode_tokens = total_out - len(outputs)
+    # Decode-only throughput (long-context papers): output tokens committed by iterations that
+    # prefill nothing, over those iterations' time.
+    decode_time = record.decode_only_s
+    decode_tokens = record.decode_only_tokens
     metrics = RunMetrics(
         makespan_s=makespan, output_tokens=total_out,
         throughput_tok_s=total_out / makespan if makespan > 0 else math.inf,
@@ -118,6 +118,7 @@ class Result:
     memory: dict
     partial_verify: dict | None
     provenance: dict
+    speedup_band: object | None = None    # sim.bands.Band: the error of comparable validated cases
 
     @property
     def run(self) -> RunMetrics:
@@ -166,6 +167,9 @@ class Result:
             "baseline_preemptions": base.preemptions,
             "memory": self.memory,
             "partial_verify": self.partial_verify,
+            "speedup_band": None if self.speedup_band is None else {
+                "relative": self.speedup_band.relative, "half_width": self.speedup_band.half_width,
+                "cases": list(self.speedup_band.cases), "basis": self.speedup_band.basis},
             "provenance": self.provenance,
         }
         return json_safe(out)

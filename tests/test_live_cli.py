@@ -89,7 +89,7 @@ def test_unsupported_architectures_are_refused(tmp_path):
     (folder / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "n_embd": 768}))
     proc = live("--model", folder, "--out", tmp_path / "out")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
-    assert "--model: " in proc.stderr and "GPT2LMHeadModel is not of the Llama family" in proc.stderr
+    assert "--model: " in proc.stderr and "GPT2LMHeadModel is not supported" in proc.stderr
     assert not (tmp_path / "out").exists()
 
 

@@ -244,7 +244,7 @@ def test_validate_rejects_bad_input_in_one_line(tmp_path):
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "campaign.json").write_text('{"campaign": "x", "runs": ["gone"]}')
     for args, needle in (([tmp_path], "is not a profiler live run"),
-                         ([], "the following arguments are required: RUN_DIR"),
+                         ([], "RUN_DIR: give run or campaign folders, or --published [CATALOGUE]"),
                          ([tmp_path / "broken"], "gone is missing (finish the campaign"),
                          ([tmp_path, "--docs", tmp_path / "x.md"], "--docs: names its table after the --out folder")):
         proc = validate(*args)

@@ -65,7 +65,10 @@ def preset_config(preset: str) -> LlamaConfig:
     from sim.scenario.presets.models import MODELS
 
     spec = MODELS[preset]
-    return LlamaConfig(**{f.name: getattr(spec, f.name) for f in fields(spec)})
+    if spec.experts is not None or spec.latent is not None:
+        raise ModelLoadError(f"{preset} is a mixture of experts or uses latent attention; the live engine runs "
+                             f"dense Llama-family decoders only")
+    return LlamaConfig(**{f.name: getattr(spec, f.name) for f in fields(LlamaConfig) if hasattr(spec, f.name)})
 
 
 def model_shape(name: str) -> tuple[LlamaConfig, str]:
@@ -100,6 +103,9 @@ def hf_llama_config(path: Path) -> LlamaConfig:
     from sim.scenario.presets.models import load_hf_config
 
     spec = load_hf_config(path)
+    if spec.experts is not None or spec.latent is not None:
+        raise ModelLoadError(f"{path}: a mixture of experts or latent attention; the live engine runs dense "
+                             f"Llama-family decoders only")
     raw = json.loads(Path(path).read_text())
     # transformers 5 writes rope_parameters {rope_theta, rope_type}; older configs rope_theta.
     theta = raw.get("rope_theta") or (raw.get("rope_parameters") or {}).get("rope_theta") or 10000.0

@@ -166,7 +166,7 @@ class CalibratedCostModel(RooflineCostModel):
     def _price(self, stack: Stack) -> _Priced | None:
         m = self.model
         same_shape = (stack.hidden, stack.heads, stack.kv_heads, stack.head_dim, stack.ffn) == \
-            (m.hidden, m.heads, m.kv_heads, m.head_dim, m.ffn)
+            (m.hidden, m.heads, m.kv_heads, m.head_dim, m.ffn) and stack.experts is None and stack.latent is None
         prefix = "linear"
         if stack.weight_bytes != self.act_bytes:
             prefix = f"int{self.shadow_bits}"
@@ -278,6 +278,11 @@ class CalibratedCostModel(RooflineCostModel):
         seconds = requests * ngram(context_tokens)
         shares[DRAFT] += seconds
         return seconds
+
+    def speculation_overhead(self, requests: int, draft_forwards: int, shares: list[float]) -> float:
+        """Nothing beyond step_overhead: the bundle's fitted step time and its acceptance table
+        already hold the measured engine's speculative host work."""
+        return 0.0
 
     def step_overhead(self, requests: int, shares: list[float]) -> float:
         """The live engine's host time per step (fitted) plus its acceptance of the batch's logits."""

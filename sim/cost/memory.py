@@ -33,10 +33,14 @@ class MemoryPlan:
         return self.fixed_bytes + self.resident_layers * self.layer_bytes
 
 
-def kv_bytes_per_token(shape, tp: int, act_bytes: float) -> float:
+def kv_bytes_per_token(shape, tp: int, kv_bytes: float) -> float:
     """K and V of one token over a model's (or draft stack's) layers, on one GPU of `tp`; a KV head
-    is replicated, not split, when TP exceeds the KV head count."""
-    return 2 * shape.layers * max(shape.kv_heads / tp, 1) * shape.head_dim * act_bytes
+    is replicated, not split, when TP exceeds the KV head count. With multi-head latent attention
+    a token caches one latent (kv_rank + rope_dim values) per layer, replicated on every rank."""
+    latent = getattr(shape, "latent", None)
+    if latent is not None:
+        return shape.layers * (latent.kv_rank + latent.rope_dim) * kv_bytes
+    return 2 * shape.layers * max(shape.kv_heads / tp, 1) * shape.head_dim * kv_bytes
 
 
 def plan_memory(scenario: Scenario, stacks: Stacks, max_request_tokens: int, concurrency_hint: int) -> MemoryPlan:
@@ -59,9 +63,9 @@ def plan_memory(scenario: Scenario, stacks: Stacks, max_request_tokens: int, con
     workspace = _workspace_bytes(scenario, min(concurrency_hint, scenario.scheduler.max_batch))
     fixed = embeddings + draft_weights + workspace
 
-    kv_per_token = kv_bytes_per_token(model, tp, ab)
+    kv_per_token = kv_bytes_per_token(model, tp, scenario.kv_bytes)
     if stacks.draft_owns_kv:
-        kv_per_token += kv_bytes_per_token(stacks.draft, tp, ab)
+        kv_per_token += kv_bytes_per_token(stacks.draft, tp, scenario.kv_bytes)
     partial_tokens = 0
     if spec.partial_verify is not None:
         pv = spec.partial_verify

@@ -37,16 +37,29 @@ class _Linear:
 class _StackCost:
     """Per-stack coefficients, computed once so a forward is a few dozen float operations."""
 
-    def __init__(self, stack: Stack, *, act_bytes: int, tp: int, flops_s: float, bytes_s: float,
-                 lm_head_bytes: int):
+    def __init__(self, stack: Stack, *, act_bytes: int, kv_bytes: int, tp: int, flops_s: float, attn_flops_s: float,
+                 bytes_s: float, lm_head_bytes: int, corner: float | None):
         self.stack = stack
         self.layers = stack.layers
         self.flops_s = flops_s
+        self.attn_flops_s = attn_flops_s
         self.bytes_s = bytes_s
-        self.linears = [_Linear(2 * i * o / tp, i * o * stack.weight_bytes / tp, (i + o) * act_bytes / tp)
-                        for _, i, o in stack.linears] if stack.layers else []
-        self.extra_linears = [_Linear(2 * i * o / tp, i * o * lm_head_bytes / tp, (i + o) * act_bytes / tp)
-                              for i, o in stack.extra_linears]
+        self.corner = corner
+        linear = lambda i, o, wbytes: _Linear(2 * i * o / tp, i * o * wbytes / tp, (i + o) * act_bytes / tp)
+        self.linears = [linear(i, o, stack.weight_bytes) for _, i, o in stack.linears] if stack.layers else []
+        self.dense_layers = stack.dense_layers
+        self.moe_layers = stack.moe_layers
+        self.experts = stack.experts
+        if stack.experts is not None and stack.layers:
+            e = stack.experts
+            self.moe_linears = [linear(i, o, stack.weight_bytes) for _, i, o in stack.moe_linears]
+            # One routed expert on this GPU (each expert split across the tensor-parallel ranks).
+            self.expert = linear(stack.hidden, 3 * e.ffn, stack.weight_bytes)
+            self.expert = _Linear(self.expert.flops_per_token, self.expert.weight_bytes,
+                                  (2 * stack.hidden + 3 * e.ffn) * act_bytes / tp)
+        else:
+            self.moe_linears = []
+        self.extra_linears = [linear(i, o, lm_head_bytes) for i, o in stack.extra_linears]
         v = stack.lm_head_vocab * stack.lm_head_count
         self.lm_head = _Linear(2 * stack.hidden * v / tp, stack.hidden * v * lm_head_bytes / tp,
                                (stack.hidden + v) * act_bytes / tp) if v else None
@@ -54,21 +67,33 @@ class _StackCost:
         kv_heads = max(stack.kv_heads / tp, 1)
         # Elementwise bytes per token per layer: two RMSNorms and two residual adds over the hidden
         # state (read + write), RoPE over Q and K, SiLU(gate) * up over the FFN width.
+        ffn = stack.ffn if stack.experts is None else stack.experts.ffn * (stack.experts.top_k + stack.experts.shared)
         self.elementwise_bytes_per_token = act_bytes * (10 * stack.hidden
                                                         + 2 * (heads + kv_heads) * stack.head_dim
-                                                        + 3 * stack.ffn / tp)
-        self.attn_flops_per_q_kv = 4 * heads * stack.head_dim          # QK^T and PV
-        self.attn_bytes_per_kv = 2 * kv_heads * stack.head_dim * act_bytes
-        self.attn_bytes_per_q = 2 * heads * stack.head_dim * act_bytes  # read q, write out
+                                                        + 3 * ffn / tp)
+        if stack.latent is not None:
+            # MLA in its absorbed form: every head scores against the shared latent (kv_rank +
+            # rope_dim values) and sums the latent back (kv_rank); the latent is cached once per
+            # token and layer, replicated on every tensor-parallel rank.
+            a = stack.latent
+            self.attn_flops_per_q_kv = 2 * heads * (a.kv_rank + a.rope_dim) + 2 * heads * a.kv_rank
+            self.attn_bytes_per_kv = (a.kv_rank + a.rope_dim) * kv_bytes
+            self.attn_bytes_per_q = heads * (a.kv_rank + a.rope_dim + a.kv_rank) * act_bytes
+        else:
+            self.attn_flops_per_q_kv = 4 * heads * stack.head_dim          # QK^T and PV
+            self.attn_bytes_per_kv = 2 * kv_heads * stack.head_dim * kv_bytes
+            self.attn_bytes_per_q = 2 * heads * stack.head_dim * act_bytes  # read q, write out
         # Below this many query tokens a request's attention is memory-bound at any KV length.
-        self.query_ridge = self.attn_bytes_per_kv * flops_s / (self.attn_flops_per_q_kv * bytes_s)
-        self.layer_weight_bytes = sum(l.weight_bytes for l in self.linears)
+        self.query_ridge = self.attn_bytes_per_kv * attn_flops_s / (self.attn_flops_per_q_kv * bytes_s)
+        self.layer_weight_bytes = stack.layer_weight_params * stack.weight_bytes / tp
         self._request_attention: dict[tuple, float] = {}   # (query, kv) -> seconds, prefill chunks
         # Attention can be priced from KV sums alone unless a KV window clips each request.
         self.memory_bound_attention = stack.kv_window is None
         self.attends = stack.attention and stack.layers > 0
         # Below its ridge each linear is memory-bound, so up to the smallest ridge a set of them
-        # costs (weight bytes + tokens x activation bytes) / bandwidth: a line in tokens.
+        # costs (weight bytes + tokens x activation bytes) / bandwidth: a line in tokens. With a
+        # soft corner or experts (weights read grow with tokens) there is no such line.
+        self.closed_form = corner is None and not self.moe_layers
         self.layer_line = self.memory_bound_line(self.linears)
         self.extra_line = self.memory_bound_line(self.extra_linears)
         self.lm_line = self.memory_bound_line([self.lm_head] if self.lm_head is not None else [])
@@ -83,12 +108,43 @@ class _StackCost:
         return (sum(op.weight_bytes for op in ops) / self.bytes_s,
                 sum(op.act_bytes_per_token for op in ops) / self.bytes_s, ridge)
 
+    def combine(self, compute: float, memory: float) -> float:
+        """A GEMM's seconds from its compute and memory times: the roofline's max, or with the
+        hardware's corner p the smooth (compute^p + memory^p)^(1/p), which is 2^(1/p) times the max
+        at the ridge and the max far from it."""
+        larger = compute if compute > memory else memory
+        if self.corner is None or larger == 0.0:
+            return larger
+        p = self.corner
+        return larger * ((compute / larger) ** p + (memory / larger) ** p) ** (1.0 / p)
+
     def linear_time_s(self, ops: list[_Linear], tokens: float) -> float:
         total = 0.0
         for op in ops:
-            compute = tokens * op.flops_per_token / self.flops_s
-            memory = (op.weight_bytes + tokens * op.act_bytes_per_token) / self.bytes_s
-            total += compute if compute > memory else memory
+            total += self.combine(tokens * op.flops_per_token / self.flops_s,
+                                  (op.weight_bytes + tokens * op.act_bytes_per_token) / self.bytes_s)
+        return total
+
+    def distinct_experts(self, tokens: float) -> float:
+        """Expected routed experts a forward of `tokens` tokens reads, routing uniform and independent
+        per token: E (1 - (1 - k/E)^T)."""
+        e = self.experts
+        return e.routed * (1.0 - (1.0 - e.top_k / e.routed) ** tokens)
+
+    def routed_time_s(self, tokens: float) -> float:
+        """One MoE layer's routed experts: the weights of every expert some token picked, and
+        top_k expert MLPs of compute per token (a grouped GEMM over the experts touched)."""
+        e = self.experts
+        op = self.expert
+        compute = tokens * e.top_k * op.flops_per_token / self.flops_s
+        memory = (self.distinct_experts(tokens) * op.weight_bytes + tokens * e.top_k * op.act_bytes_per_token) / self.bytes_s
+        return self.combine(compute, memory)
+
+    def layers_time_s(self, tokens: float) -> float:
+        """Every decoder layer's linears (dense layers, and MoE layers' shared part and routed experts)."""
+        total = self.dense_layers * self.linear_time_s(self.linears, tokens)
+        if self.moe_layers:
+            total += self.moe_layers * (self.linear_time_s(self.moe_linears, tokens) + self.routed_time_s(tokens))
         return total
 
     def attention_time_s(self, group: Group) -> float:
@@ -115,14 +171,14 @@ class _StackCost:
         # Causal attention inside a chunk of q new tokens touches q * (kv - (q - 1) / 2) pairs.
         flops = self.attn_flops_per_q_kv * q * (kv - (np.asarray(q) - 1) / 2)
         bytes_ = kv * self.attn_bytes_per_kv + q * self.attn_bytes_per_q
-        return float(np.maximum(flops / self.flops_s, bytes_ / self.bytes_s).sum())
+        return float(np.maximum(flops / self.attn_flops_s, bytes_ / self.bytes_s).sum())
 
     def request_attention_s(self, query: float, kv: float) -> float:
         """One request's attention in one layer: query tokens against kv tokens (the query's own
         included), causal among the new tokens."""
         if self.stack.kv_window is not None:
             kv = min(kv, self.stack.kv_window)
-        compute = self.attn_flops_per_q_kv * query * (kv - (query - 1) / 2) / self.flops_s
+        compute = self.attn_flops_per_q_kv * query * (kv - (query - 1) / 2) / self.attn_flops_s
         memory = (kv * self.attn_bytes_per_kv + query * self.attn_bytes_per_q) / self.bytes_s
         return compute if compute > memory else memory
 
@@ -136,7 +192,10 @@ class RooflineCostModel:
         self.engine = engine
         self.tp = scenario.tensor_parallel
         self.act_bytes = scenario.dtype_bytes
-        self.flops_s = hw.peak_tflops(scenario.dtype) * 1e12 * engine.compute_efficiency
+        self.kv_bytes = scenario.kv_bytes
+        self.flops_s = hw.peak_tflops(scenario.gemm_dtype) * 1e12 * engine.compute_efficiency
+        self.attn_flops_s = hw.peak_tflops(scenario.activation_dtype) * 1e12 * engine.compute_efficiency
+        self.corner = hw.gemm_corner
         self.bytes_s = hw.hbm_gb_s * 1e9 * engine.mem_efficiency
         self.link_bytes_s = (link_gb_s or hw.host_link_gb_s * engine.link_efficiency) * 1e9
         self.interconnect_bytes_s = hw.interconnect_gb_s * 1e9
@@ -148,8 +207,9 @@ class RooflineCostModel:
     def _cost_of(self, stack: Stack) -> _StackCost:
         cost = self._stacks.get(id(stack))
         if cost is None:
-            cost = _StackCost(stack, act_bytes=self.act_bytes, tp=self.tp, flops_s=self.flops_s,
-                              bytes_s=self.bytes_s, lm_head_bytes=self.act_bytes)
+            cost = _StackCost(stack, act_bytes=self.act_bytes, kv_bytes=self.kv_bytes, tp=self.tp,
+                              flops_s=self.flops_s, attn_flops_s=self.attn_flops_s, bytes_s=self.bytes_s,
+                              lm_head_bytes=self.act_bytes, corner=self.corner)
             self._stacks[id(stack)] = cost
         return cost
 
@@ -267,21 +327,24 @@ class RooflineCostModel:
         layer_w, layer_a, layer_ridge = c.layer_line
         extra_w, extra_a, extra_ridge = c.extra_line
         lm_w, lm_a, lm_ridge = c.lm_line
-        if tokens <= layer_ridge and tokens <= extra_ridge and logits <= lm_ridge:
+        layer_overhead = self.engine.layer_overhead_s
+        if self.engine.graph_max_tokens and tokens > self.engine.graph_max_tokens:
+            layer_overhead += self.engine.eager_layer_overhead_s    # past the CUDA-graph cap: eager
+        if c.closed_form and tokens <= layer_ridge and tokens <= extra_ridge and logits <= lm_ridge:
             # Every linear memory-bound: the closed form, no loop, no memo.
             shared = (c.layers * (layer_w + tokens * (layer_a + c.elementwise_bytes_per_token / c.bytes_s)
                                   + 2 * self.allreduce_time_s(tokens * c.stack.hidden * self.act_bytes)
-                                  + self.engine.layer_overhead_s)
+                                  + layer_overhead)
                       + extra_w + tokens * extra_a + self.engine.forward_overhead_s)
             return shared, (lm_w + logits * lm_a if logits else 0.0)
         key = (id(c), tokens, logits)
         terms = self._batch_terms.get(key)
         if terms is None:
             layers = c.layers
-            shared = (layers * (c.linear_time_s(c.linears, tokens)
-                                + tokens * c.elementwise_bytes_per_token / c.bytes_s
+            shared = (c.layers_time_s(tokens)
+                      + layers * (tokens * c.elementwise_bytes_per_token / c.bytes_s
                                 + 2 * self.allreduce_time_s(tokens * c.stack.hidden * self.act_bytes)
-                                + self.engine.layer_overhead_s)
+                                + layer_overhead)
                       + c.linear_time_s(c.extra_linears, tokens) + self.engine.forward_overhead_s)
             lm_head = c.linear_time_s([c.lm_head], logits) if c.lm_head is not None and logits else 0.0
             terms = (shared, lm_head)
@@ -309,7 +372,7 @@ class RooflineCostModel:
         else:
             gather_bytes = 2 * requests * budget_tokens * c.attn_bytes_per_kv if part == "refresh" else 0.0
             flops = 2 * c.attn_flops_per_q_kv / 2 * blocks * max(query_tokens_sum / requests, 1)
-            per_layer = max(flops / c.flops_s, (summary_bytes + gather_bytes) / c.bytes_s)
+            per_layer = max(flops / c.attn_flops_s, (summary_bytes + gather_bytes) / c.bytes_s)
         seconds = c.layers * (per_layer + self.engine.layer_overhead_s)
         shares[SELECTION] += seconds
         return seconds
@@ -320,6 +383,15 @@ class RooflineCostModel:
         seconds = requests * self.engine.ngram_lookup_s
         shares[DRAFT] += seconds
         return seconds
+
+    def speculation_overhead(self, requests: int, draft_forwards: int, shares: list[float]) -> float:
+        """The engine's host work of one speculative step over `requests` requests: the step's own
+        (sampling, acceptance, tree bookkeeping), per request, and each draft forward's."""
+        step = self.engine.speculation_step_overhead_s + requests * self.engine.speculation_request_overhead_s
+        drafts = draft_forwards * self.engine.draft_forward_overhead_s
+        shares[OVERHEAD] += step
+        shares[DRAFT] += drafts
+        return step + drafts
 
     def step_overhead(self, requests: int, shares: list[float]) -> float:
         seconds = self.engine.step_overhead_s + requests * self.engine.request_overhead_s

@@ -7,9 +7,9 @@ once per scenario (`build_stacks`); the cost models price them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from sim.scenario.presets import ModelSpec
+from sim.scenario.presets import Experts, Latent, ModelSpec
 from sim.scenario.schema import Scenario
 
 
@@ -29,18 +29,55 @@ class Stack:
     extra_linears: tuple[tuple[int, int], ...] = ()
     attention: bool = True
     kv_window: int | None = None  # attention reads at most this many KV tokens (streaming self-draft)
+    experts: Experts | None = None  # a mixture of experts in every layer past experts.dense_layers
+    latent: Latent | None = None    # multi-head latent attention instead of GQA
+
+    @property
+    def attention_linears(self) -> tuple[tuple[str, int, int], ...]:
+        if self.latent is None:
+            return (("qkv", self.hidden, (self.heads + 2 * self.kv_heads) * self.head_dim),
+                    ("o", self.heads * self.head_dim, self.hidden))
+        a = self.latent
+        q_out = self.heads * (a.nope_dim + a.rope_dim)
+        q = (("q_a", self.hidden, a.q_rank), ("q_b", a.q_rank, q_out)) if a.q_rank else (("q", self.hidden, q_out),)
+        # kv_b's up-projection is absorbed into the query and output sides in decode (DeepSeek's
+        # MLA kernels): its weights are still read once per forward.
+        return (*q, ("kv_a", self.hidden, a.kv_rank + a.rope_dim),
+                ("kv_b", a.kv_rank, self.heads * (a.nope_dim + a.v_dim)), ("o", self.heads * a.v_dim, self.hidden))
 
     @property
     def linears(self) -> tuple[tuple[str, int, int], ...]:
-        """The decoder layer's linear operators as (name, in, out)."""
-        return (("qkv", self.hidden, (self.heads + 2 * self.kv_heads) * self.head_dim),
-                ("o", self.heads * self.head_dim, self.hidden),
-                ("gate_up", self.hidden, 2 * self.ffn),
-                ("down", self.ffn, self.hidden))
+        """A dense decoder layer's linear operators as (name, in, out)."""
+        return (*self.attention_linears, ("gate_up", self.hidden, 2 * self.ffn), ("down", self.ffn, self.hidden))
+
+    @property
+    def moe_linears(self) -> tuple[tuple[str, int, int], ...]:
+        """A mixture-of-experts layer's linears every token runs: attention, router, shared experts."""
+        e = self.experts
+        shared = (("shared_gate_up", self.hidden, 2 * e.ffn * e.shared), ("shared_down", e.ffn * e.shared, self.hidden)) \
+            if e.shared else ()
+        return (*self.attention_linears, ("router", self.hidden, e.routed), *shared)
+
+    @property
+    def dense_layers(self) -> int:
+        return self.layers if self.experts is None else min(self.layers, self.experts.dense_layers)
+
+    @property
+    def moe_layers(self) -> int:
+        return self.layers - self.dense_layers
+
+    @property
+    def expert_params(self) -> int:
+        return 3 * self.hidden * self.experts.ffn
 
     @property
     def layer_weight_params(self) -> int:
-        return sum(i * o for _, i, o in self.linears)
+        """An average layer's weights (every routed expert counted): what residency and offloading hold."""
+        dense = sum(i * o for _, i, o in self.linears)
+        if self.experts is None or not self.layers:
+            return dense
+        moe = sum(i * o for _, i, o in self.moe_linears) + self.experts.routed * self.expert_params
+        return round((self.dense_layers * dense + self.moe_layers * moe) / self.layers)
 
     def layer_weight_bytes(self) -> float:
         return self.layer_weight_params * self.weight_bytes
@@ -48,6 +85,8 @@ class Stack:
 
 def stack_of(model: ModelSpec, name: str, weight_bytes: float, layers: int | None = None,
              **kw) -> Stack:
+    kw.setdefault("experts", model.experts)
+    kw.setdefault("latent", model.latent)
     return Stack(name=name, layers=model.layers if layers is None else layers, hidden=model.hidden,
                  heads=model.heads, kv_heads=model.kv_heads, head_dim=model.head_dim, ffn=model.ffn,
                  weight_bytes=weight_bytes, **kw)
@@ -70,7 +109,7 @@ class Stacks:
 def build_stacks(scenario: Scenario) -> Stacks:
     """The stacks one scenario runs: the target and, for model-based drafters, the draft."""
     model = scenario.model_spec
-    wbytes = scenario.dtype_bytes
+    wbytes = scenario.weight_bytes
     target = stack_of(model, "target", wbytes, lm_head_vocab=model.vocab)
     spec = scenario.speculation
     draft = spec.draft
@@ -79,13 +118,24 @@ def build_stacks(scenario: Scenario) -> Stacks:
         return Stacks(target, None)
     if method in ("eagle", "eagle3", "mtp"):
         vocab = draft.vocab or (32000 if method == "eagle3" else model.vocab)
-        # EAGLE-3 fuses three target hidden states through a 3h -> h projection first.
-        extra = ((3 * model.hidden, model.hidden),) if method == "eagle3" else ()
-        head = stack_of(model, method, wbytes, layers=draft.layers, lm_head_vocab=vocab,
-                        extra_linears=extra)
-        resident = head.layers * head.layer_weight_bytes() + sum(i * o for i, o in extra) * wbytes
+        # EAGLE fuses the token embedding with the target's last hidden state (2h -> h), EAGLE-3
+        # three target hidden states (3h -> h), an MTP module the embedding and hidden state (2h -> h).
+        extra = ((3 * model.hidden, model.hidden),) if method == "eagle3" else ((2 * model.hidden, model.hidden),)
+        # EAGLE heads are dense Llama layers of the target's width whatever the target, kept in the
+        # activation dtype (engines load them unquantized beside an FP8 or int4 target); an MTP
+        # module is one of the target's own MoE layers (experts, latent attention and weight dtype).
+        abytes = scenario.dtype_bytes
+        if method == "mtp":
+            experts = None if model.experts is None else replace(model.experts, dense_layers=0)
+            head = stack_of(model, method, wbytes, layers=draft.layers, lm_head_vocab=vocab,
+                            extra_linears=extra, experts=experts)
+        else:
+            head = stack_of(model, method, abytes, layers=draft.layers, lm_head_vocab=vocab,
+                            extra_linears=extra, experts=None, latent=None)
+        # The fusion linear and a head's own LM head are priced at the activation dtype's bytes.
+        resident = head.layers * head.layer_weight_bytes() + sum(i * o for i, o in extra) * abytes
         if vocab != model.vocab:   # a head with the target's vocabulary reuses its LM head
-            resident += vocab * model.hidden * wbytes
+            resident += vocab * model.hidden * abytes
         return Stacks(target, head, draft_owns_kv=True, draft_weights_resident_bytes=resident)
     if method == "medusa":
         # One forward: a residual block (h x h) and an LM head per drafted position, no attention.
@@ -94,7 +144,7 @@ def build_stacks(scenario: Scenario) -> Stacks:
         head = Stack("medusa", 0, model.hidden, model.heads, model.kv_heads, model.head_dim, model.ffn,
                      wbytes, lm_head_vocab=model.vocab, lm_head_count=heads, extra_linears=blocks,
                      attention=False)
-        resident = heads * (model.hidden * model.hidden + model.vocab * model.hidden) * wbytes
+        resident = heads * (model.hidden * model.hidden + model.vocab * model.hidden) * scenario.dtype_bytes
         return Stacks(target, head, draft_weights_resident_bytes=resident)
     if method == "shadow":
         qbytes = quantized_weight_bytes(draft.bits, draft.group_size)

@@ -20,7 +20,13 @@ from sim.errors import InputError
 from sim.formats.names import METHODS
 from sim.scenario.presets import ENGINES, HARDWARE, MODELS, EngineSpec, HardwareSpec, ModelSpec, load_hf_config
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+# Weight-only int4 (AWQ / GPTQ): 4 bits plus a 16-bit scale and a 4-bit zero per group of 128.
+INT4_WEIGHT_BYTES = 0.5 + (2 + 0.5) / 128
+# The dtype activations, norms and attention run in, per weight dtype: fp8 checkpoints (W8A8)
+# quantize GEMM inputs on the fly and keep everything else in bf16; int4 ones run fp16 GEMMs on
+# dequantized tiles (Marlin, AWQ kernels).
+ACTIVATION_DTYPE = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32", "fp8": "bf16", "int4": "fp16"}
 
 
 class Strict(BaseModel):
@@ -66,10 +72,15 @@ class Workload(Strict):
 
 
 class Tree(Strict):
-    """A static tree: `width` candidates at each of `depth` levels, or `tokens` spread over `depth`."""
+    """A static tree: `width` candidates at each of `depth` levels, or `tokens` spread over `depth`.
+
+    topk (with tokens): EAGLE-2/3 and SGLang's form: each of `depth` draft forwards expands the
+    `topk` best branches (topk query tokens per request), and the best `tokens` of the candidates
+    are verified."""
     width: PositiveInt | None = None
     depth: PositiveInt
     tokens: PositiveInt | None = None
+    topk: PositiveInt | None = None
 
     @model_validator(mode="after")
     def _check_form(self):
@@ -77,6 +88,8 @@ class Tree(Strict):
             raise ValueError("give exactly one of width or tokens (with depth)")
         if self.tokens is not None and self.tokens < self.depth:
             raise ValueError(f"tokens ({self.tokens}) must be at least depth ({self.depth})")
+        if self.topk is not None and self.tokens is None:
+            raise ValueError("topk goes with tokens (width already is the per-level count)")
         return self
 
     @property
@@ -86,7 +99,9 @@ class Tree(Strict):
 
     @property
     def tokens_per_draft_forward(self) -> int:
-        return self.width if self.width is not None else math.ceil(self.tokens / self.depth)
+        if self.width is not None:
+            return self.width
+        return self.topk if self.topk is not None else math.ceil(self.tokens / self.depth)
 
 
 class Acceptance(Strict):
@@ -220,6 +235,11 @@ class Scheduler(Strict):
     # Static-shape engines (gpt-fast, profiler live) run every row of a verification forward at the
     # longest row's token count; ragged-batch engines (vLLM, SGLang) run each row's own tokens.
     pad_ragged: bool = False
+    # continuous: requests join and leave the running batch at any iteration (vLLM, SGLang);
+    # static: a batch of up to max_batch (or the closed loop's concurrency) is admitted together,
+    # its prompts prefilled in one forward, and decoded until its last request finishes before the
+    # next batch starts (gpt-fast, Hugging Face generate, the papers' own loops, `profiler live`).
+    batching: Literal["continuous", "static"] = "continuous"
 
 
 class Slo(Strict):
@@ -230,7 +250,8 @@ class Slo(Strict):
 class Scenario(Strict):
     hardware: Union[str, dict[str, Any]] = "h100-sxm"
     model: str = "llama-3.1-8b"
-    dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    dtype: Literal["bf16", "fp16", "fp32", "fp8", "int4"] = "bf16"
+    kv_dtype: Literal["auto", "bf16", "fp16", "fp32", "fp8"] = "auto"   # auto: the activation dtype
     tensor_parallel: PositiveInt = 1
     engine: Union[str, dict[str, Any]] = "vllm"
     calibration: Path | None = None
@@ -263,8 +284,31 @@ class Scenario(Strict):
         return resolve_model(self.speculation.draft.model, "speculation.draft.model")
 
     @property
+    def activation_dtype(self) -> str:
+        return ACTIVATION_DTYPE[self.dtype]
+
+    @property
     def dtype_bytes(self) -> int:
-        return DTYPE_BYTES[self.dtype]
+        """Bytes of an activation element (hidden states, logits workspace)."""
+        return DTYPE_BYTES[self.activation_dtype]
+
+    @property
+    def weight_bytes(self) -> float:
+        """Bytes per weight of the decoder layers, embeddings and LM head."""
+        return INT4_WEIGHT_BYTES if self.dtype == "int4" else DTYPE_BYTES[self.dtype]
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes per cached K or V element."""
+        return DTYPE_BYTES[self.activation_dtype if self.kv_dtype == "auto" else self.kv_dtype]
+
+    @property
+    def gemm_dtype(self) -> str:
+        """The tensor-core rate GEMMs run at: fp8 where the hardware has fp8 tensor cores (else the
+        weights are only stored as fp8 and dequantized to bf16), fp16 for int4 weights."""
+        if self.dtype == "fp8":
+            return "fp8" if self.hardware_spec.fp8_tflops else "bf16"
+        return self.activation_dtype
 
     def with_method_none(self) -> "Scenario":
         """The same scenario without speculation: the baseline every result is divided by."""
@@ -349,8 +393,10 @@ def resolve_model(value: str, field: str) -> ModelSpec:
 
 def _check_positive_numbers(prefix: str, mapping: dict) -> None:
     for key, number in mapping.items():
-        if key in ("name", "interconnect"):
-            continue
+        if key in ("name", "interconnect") or (key == "gemm_corner" and number is None):
+            continue     # gemm_corner: null is the plain roofline
+        if key == "fp8_tflops" and _is_finite_number(number) and number == 0:
+            continue     # no fp8 tensor cores
         if not _is_finite_number(number) or number <= 0:
             raise InputError(f"{prefix}.{key}", f"must be a positive number (got {number!r})")
 

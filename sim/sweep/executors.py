@@ -68,6 +68,8 @@ def result_row(point: Point, result) -> dict:
         "settings": settings_label(s), "seed": s.seed,
         "throughput_tok_s": run.throughput_tok_s, "baseline_throughput_tok_s": base.throughput_tok_s,
         "speedup": result.speedup, "decode_speedup": result.decode_speedup,
+        "speedup_band": None if result.speedup_band is None else result.speedup_band.half_width,
+        "speedup_band_cases": None if result.speedup_band is None else len(result.speedup_band.cases),
         "tokens_per_step": run.tokens_per_step,
     }
     for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):

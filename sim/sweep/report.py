@@ -18,6 +18,7 @@ import pandas as pd
 
 from sim.formats.names import PHASES
 from sim.validate.parity import parity_figure
+from sim.validate.published.report import halves_text, published_figure, read_published
 
 METHOD_COLORS = ["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880",
                  "#ff97ff", "#fecb52"]
@@ -103,7 +104,8 @@ def heatmap_figure(frame: pd.DataFrame, title: str, max_divergence: float):
             text[yi, xi] = f"{r['speedup']:.2f}" + (" ▼" if r["speedup"] < 1 else "") + (" ⚠" if flagged else "")
             hover[yi, xi] = (
                 f"{r['settings']}<br>speedup {r['speedup']:.3f}x (decode only {_num(r['decode_speedup'], '.3f')}x)"
-                f"<br>{r['throughput_tok_s']:.0f} tok/s, TPOT p90 {_num(r['tpot_ms_p90'], '.1f')} ms"
+                + trust_text(r)
+                + f"<br>{r['throughput_tok_s']:.0f} tok/s, TPOT p90 {_num(r['tpot_ms_p90'], '.1f')} ms"
                 + (f"<br>diverges on {r['divergence_rate']:.2%} of tokens" if pd.notna(r["divergence_rate"]) else "")
                 + (f" (⚠ above the study's {max_divergence:.1%})" if flagged else ""))
         fig.add_trace(go.Heatmap(
@@ -326,6 +328,14 @@ nav a { margin-right: 14px; }
 """
 
 
+def trust_text(row) -> str:
+    """The speedup's error band (sim/bands.py) for a heatmap cell's hover."""
+    band = row.get("speedup_band")
+    if band is None or pd.isna(band):
+        return "<br>no comparable validated case" if row.get("speculation") != "none" else ""
+    return f"<br>within about ±{band:.2f} on {int(row['speedup_band_cases'])} comparable validated cases"
+
+
 def build_report(frame: pd.DataFrame, provenance: dict, validation: pd.DataFrame | None = None) -> str:
     """The whole HTML page for a sweep's results."""
     from plotly.offline import get_plotlyjs
@@ -351,6 +361,10 @@ def build_report(frame: pd.DataFrame, provenance: dict, validation: pd.DataFrame
     if validation is not None and not validation.empty:
         figures.append(("validation", "validation", parity_figure(
             validation, "Validation: the simulator against live runs (sim validate)")))
+    published = read_published()
+    if published is not None:
+        figures.append(("published", "published", published_figure(
+            published, "Published GPU measurements: predicted against measured speedup (sim validate --published)")))
     figures = [(s, n, f) for s, n, f in figures if f is not None]
 
     def section_html(section: str) -> str:
@@ -388,6 +402,7 @@ def build_report(frame: pd.DataFrame, provenance: dict, validation: pd.DataFrame
             "<nav>" + "".join(f"<a href='#{s}'>{html.escape(t)}</a>" for s, t, _ in sections)
             + "<a href='#recommend'>Recommendations</a>"
             + ("<a href='#validation'>Validation</a>" if validation is not None else "")
+            + ("<a href='#published'>Published GPU cases</a>" if published is not None else "")
             + "<a href='#provenance'>Provenance</a></nav>"]
     for section, title, note in sections:
         body.append(f"<h2 id='{section}'>{html.escape(title)}</h2><p class='note'>{note}</p>{section_html(section)}")
@@ -399,6 +414,11 @@ def build_report(frame: pd.DataFrame, provenance: dict, validation: pd.DataFrame
         body.append("<h2 id='validation'>Validation</h2><p class='note'>How far to trust the figures above: the "
                     "simulator's predictions of live runs on this project's engine (docs/validation.md).</p>"
                     + section_html("validation"))
+    if published is not None:
+        body.append("<h2 id='published'>Published GPU measurements</h2><p class='note'>How far to trust GPU figures: "
+                    f"the simulator against speedups others measured on GPUs ({html.escape(halves_text(published))}; "
+                    "validation/published, docs/validation.md). Each speedup above carries the error of the held "
+                    "cases nearest it in regime.</p>" + section_html("published"))
     body.append("<h2 id='provenance'>Provenance</h2>" + provenance_html(provenance))
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<title>specsim report: {html.escape(str(study.get('name', '')))}</title>"

@@ -63,6 +63,47 @@ def validate(paths: list[Path], calibration: Path | None = None, out: Path | Non
     return 0
 
 
+def validate_published(catalogue: Path, out: Path | None = None, docs: Path | None = None) -> int:
+    """Predict every case of the published catalogue, print the halves' errors, write errors.csv
+    and parity.html into `out` (default: the catalogue folder) and, with `docs`, the tables between
+    the Markdown file's `validation:published` markers."""
+    import time
+
+    from sim.validate.published.catalogue import load_catalogue
+    from sim.validate.published.predict import predict_catalogue, summarize
+    from sim.validate.published.report import csv_text, markdown_tables, parity_html, predictions_frame
+
+    started = time.perf_counter()
+    loaded = load_catalogue(catalogue)
+    predictions = predict_catalogue(loaded, progress=True)
+    summary = summarize(predictions)
+    elapsed = time.perf_counter() - started
+    out = catalogue if out is None else out
+    frame = predictions_frame(predictions)
+    provenance = {"catalogue": repo_relative(catalogue), "cases": len(predictions), "sources": len(loaded.sources),
+                  "fit": loaded.halves.fit, "cost_model": "roofline", "git_revision": git_revision(),
+                  "versions": versions(), "seed": 0}
+    title = (f"Published GPU measurements: {len(predictions)} cases from {len(loaded.sources)} sources, roofline, "
+             f"git {git_revision()[:12]}")
+    try:
+        write_atomic(out / "errors.csv", csv_text(frame, provenance))
+        write_atomic(out / "parity.html", parity_html(frame, title))
+    except OSError as exc:
+        raise InputError("--out", f"cannot write into {out}: {exc.strerror or exc}") from None
+    command = " ".join(["python -m sim validate --published", repo_relative(catalogue),
+                        *(["--out", repo_relative(out)] if out != catalogue else []),
+                        *(["--docs", repo_relative(docs)] if docs is not None else [])])
+    if docs is not None:
+        update_docs(docs, "published", markdown_tables(predictions, summary, command))
+    for half, s in summary.items():
+        print(f"{half:>4}: {s['cases']} cases from {s['sources']} sources ({s['anchors']} anchors): median |error| "
+              f"{s['median_abs_error']:.1%}, P90 {s['p90_abs_error']:.1%}, worst {s['worst_abs_error']:.1%}; "
+              f"{len(s['wrong_side'])} of {s['decisive']} on the wrong side of 1")
+    print(f"{len(predictions)} cases in {elapsed:.1f} s (slowest {max(p.seconds for p in predictions):.2f} s); "
+          f"wrote {out / 'errors.csv'} and {out / 'parity.html'}")
+    return 0
+
+
 MARK = "<!-- validation:{name}:{edge} -->"
 
 

@@ -147,7 +147,12 @@ def batch_scenarios(run: LiveRun, calibration: Path | None, speculation: dict | 
 
             hardware = load_bundle(calibration).meta["device"].get("hardware", "cpu")
         else:
-            hardware = "cpu" if run.meta["device"] == "cpu" else "h100-sxm"
+            from sim.scenario.presets.hardware import preset_of_device
+
+            hardware = preset_of_device(run.meta["device"])
+            if hardware == "custom":
+                raise InputError(run.name, f"no hardware preset for the run's device {run.meta['device']!r}; "
+                                           f"give --calibration")
     requests = run.requests
     out = []
     for first in range(0, len(requests), run.batch):

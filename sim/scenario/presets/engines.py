@@ -16,6 +16,14 @@ engine from public measurements of that engine, never tuned to a scenario, and a
   eager engine pays (about a dozen kernels a layer).
 - ngram_lookup_s: host time of one prompt-lookup draft for one request.
 - link_efficiency: fraction of the theoretical host link a pinned host-to-device copy reaches.
+- speculation_step_overhead_s: host time a speculative step adds to an iteration (proposal
+  bookkeeping, rejection sampling, tree masks and positions, accepted-token bookkeeping).
+- speculation_request_overhead_s: the same per request in the batch (per-request proposal,
+  acceptance and KV bookkeeping that grows with the batch).
+- draft_forward_overhead_s: host time per draft forward besides its launch (top-k, tree expansion,
+  sampling the proposals) in an engine that drafts step by step.
+- graph_max_tokens: the largest forward (query tokens) the engine replays as a CUDA graph; larger
+  forwards run eagerly and pay eager_layer_overhead_s per decoder layer (0: no cap).
 """
 from __future__ import annotations
 
@@ -33,6 +41,11 @@ class EngineSpec:
     layer_overhead_s: float
     ngram_lookup_s: float
     link_efficiency: float = 0.8
+    speculation_step_overhead_s: float = 0.0
+    speculation_request_overhead_s: float = 0.0
+    draft_forward_overhead_s: float = 0.0
+    graph_max_tokens: int = 0
+    eager_layer_overhead_s: float = 0.0
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -46,9 +59,16 @@ ENGINES: dict[str, EngineSpec] = {
                        request_overhead_s=6e-6, forward_overhead_s=30e-6, layer_overhead_s=0.0,
                        ngram_lookup_s=15e-6),
     # SGLang with CUDA graphs and an overlapped scheduler: slightly less host time per step.
+    # speculation_request_overhead_s set on the published catalogue's fit half (EAGLE-3's SGLang
+    # table, batch 2-64 on an H100).
     "sglang": EngineSpec("sglang", mem_efficiency=0.82, compute_efficiency=0.65, step_overhead_s=200e-6,
                          request_overhead_s=4e-6, forward_overhead_s=30e-6, layer_overhead_s=0.0,
-                         ngram_lookup_s=15e-6),
+                         ngram_lookup_s=15e-6, speculation_request_overhead_s=20e-6),
+    # TensorRT-LLM with in-flight batching and CUDA graphs: no public per-step host figure was found,
+    # so its host terms are SGLang's.
+    "tensorrt-llm": EngineSpec("tensorrt-llm", mem_efficiency=0.82, compute_efficiency=0.65, step_overhead_s=200e-6,
+                               request_overhead_s=4e-6, forward_overhead_s=30e-6, layer_overhead_s=0.0,
+                               ngram_lookup_s=15e-6),
     # gpt-fast: torch.compile'd single-request loop; reports ~70% of A100 bandwidth on Llama-2-7B bf16.
     "gpt-fast": EngineSpec("gpt-fast", mem_efficiency=0.70, compute_efficiency=0.60, step_overhead_s=40e-6,
                            request_overhead_s=0.0, forward_overhead_s=20e-6, layer_overhead_s=0.0,
@@ -57,5 +77,8 @@ ENGINES: dict[str, EngineSpec] = {
     # costs a few hundred microseconds of launch time at small batch; generate() adds per-step work.
     "hf-eager": EngineSpec("hf-eager", mem_efficiency=0.60, compute_efficiency=0.50, step_overhead_s=1.5e-3,
                            request_overhead_s=20e-6, forward_overhead_s=300e-6, layer_overhead_s=250e-6,
-                           ngram_lookup_s=50e-6, link_efficiency=0.75),
+                           ngram_lookup_s=50e-6, link_efficiency=0.75,
+                       # Set on the published catalogue's fit half (Spec-Bench at batch 1 on an A100 and an
+                       # RTX 3090): the Python tree, candidate and acceptance code of the papers' loops.
+                       speculation_step_overhead_s=2e-3, draft_forward_overhead_s=2e-3),
 }

@@ -1,15 +1,42 @@
-"""Model presets: the shape of a Llama-family decoder, from each model's public config.json.
+"""Model presets: the shape of a decoder, from each model's public config.json.
 
 Every preset names the Hugging Face repository whose config.json it copies (fields
 num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads, head_dim or
-hidden_size / heads, intermediate_size, vocab_size, tie_word_embeddings, max_position_embeddings).
-A scenario can also point `model:` at any config.json of this family.
+hidden_size / heads, intermediate_size, vocab_size, tie_word_embeddings, max_position_embeddings;
+for mixtures of experts the routed and shared experts, their width and the dense first layers; for
+MLA the latent ranks and head dims; for MTP the next-n layers). A scenario can also point `model:`
+at a config.json of any architecture in SUPPORTED_ARCHITECTURES (`load_hf_config`).
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Experts:
+    """A mixture-of-experts MLP: each token's router picks `top_k` of `routed` experts, each a
+    SwiGLU of width `ffn`; `shared` experts of the same width run on every token; the first
+    `dense_layers` layers keep a dense MLP of the model's `ffn` instead."""
+    routed: int
+    top_k: int
+    ffn: int
+    shared: int = 0
+    dense_layers: int = 0
+
+
+@dataclass(frozen=True)
+class Latent:
+    """Multi-head latent attention (DeepSeek-V2/V3): K and V are one compressed latent of
+    `kv_rank` values plus `rope_dim` positional values per token, shared by all heads; queries go
+    through a rank-`q_rank` bottleneck (0: a plain projection). Heads score over nope_dim + rope_dim
+    and return v_dim values."""
+    kv_rank: int
+    rope_dim: int
+    nope_dim: int
+    v_dim: int
+    q_rank: int = 0
 
 
 @dataclass(frozen=True)
@@ -24,14 +51,51 @@ class ModelSpec:
     vocab: int
     tied_embeddings: bool
     max_context: int
+    experts: Experts | None = None
+    latent: Latent | None = None
+    mtp_layers: int = 0          # next-n prediction layers shipped with the model (DeepSeek-V3, GLM-4.5)
+
+    @property
+    def attention_params(self) -> int:
+        """One layer's attention projections."""
+        if self.latent is not None:
+            a = self.latent
+            q_out = self.heads * (a.nope_dim + a.rope_dim)
+            q = self.hidden * q_out if not a.q_rank else self.hidden * a.q_rank + a.q_rank * q_out
+            kv = self.hidden * (a.kv_rank + a.rope_dim) + a.kv_rank * self.heads * (a.nope_dim + a.v_dim)
+            return q + kv + self.heads * a.v_dim * self.hidden
+        qkv = self.hidden * (self.heads + 2 * self.kv_heads) * self.head_dim
+        return qkv + self.heads * self.head_dim * self.hidden
+
+    @property
+    def moe_layers(self) -> int:
+        return 0 if self.experts is None else self.layers - self.experts.dense_layers
+
+    @property
+    def expert_params(self) -> int:
+        """One routed (or shared) expert: gate, up and down."""
+        return 0 if self.experts is None else 3 * self.hidden * self.experts.ffn
 
     @property
     def decoder_layer_params(self) -> int:
-        """Parameters of one decoder layer's linear weights (norm weights are negligible)."""
-        qkv = self.hidden * (self.heads + 2 * self.kv_heads) * self.head_dim
-        out = self.heads * self.head_dim * self.hidden
-        mlp = 3 * self.hidden * self.ffn
-        return qkv + out + mlp
+        """Parameters of an average decoder layer's linear weights (norm weights are negligible):
+        attention plus the dense MLP, or router, shared and every routed expert."""
+        dense = self.attention_params + 3 * self.hidden * self.ffn
+        if self.experts is None:
+            return dense
+        e = self.experts
+        moe = self.attention_params + self.hidden * e.routed + (e.routed + e.shared) * self.expert_params
+        return round((e.dense_layers * dense + self.moe_layers * moe) / self.layers)
+
+    @property
+    def active_layer_params(self) -> int:
+        """An average layer's weights one token reads (its top_k routed experts only)."""
+        if self.experts is None:
+            return self.decoder_layer_params
+        e = self.experts
+        dense = self.attention_params + 3 * self.hidden * self.ffn
+        moe = self.attention_params + self.hidden * e.routed + (e.top_k + e.shared) * self.expert_params
+        return round((e.dense_layers * dense + self.moe_layers * moe) / self.layers)
 
     @property
     def embedding_params(self) -> int:
@@ -43,8 +107,8 @@ class ModelSpec:
         return self.layers * self.decoder_layer_params + self.embedding_params
 
 
-def _m(name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, tied, max_context) -> ModelSpec:
-    return ModelSpec(name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, tied, max_context)
+def _m(name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, tied, max_context, **kw) -> ModelSpec:
+    return ModelSpec(name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, tied, max_context, **kw)
 
 
 MODELS: dict[str, ModelSpec] = {m.name: m for m in [
@@ -57,6 +121,40 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
     _m("llama-3-70b", 80, 8192, 64, 8, 128, 28672, 128256, False, 8192),
     # meta-llama/Llama-3.1-8B
     _m("llama-3.1-8b", 32, 4096, 32, 8, 128, 14336, 128256, False, 131072),
+    # meta-llama/Llama-3.1-70B-Instruct and Llama-3.3-70B-Instruct (the same shape)
+    _m("llama-3.1-70b", 80, 8192, 64, 8, 128, 28672, 128256, False, 131072),
+    _m("llama-3.3-70b", 80, 8192, 64, 8, 128, 28672, 128256, False, 131072),
+    # togethercomputer/LLaMA-2-7B-32K (Llama-2-7B with interpolated positions)
+    _m("llama-2-7b-32k", 32, 4096, 32, 32, 128, 11008, 32000, False, 32768),
+    # NousResearch/Yarn-Llama-2-7b-128k
+    _m("yarn-llama-2-7b-128k", 32, 4096, 32, 32, 128, 11008, 32000, False, 131072),
+    # mistralai/Mixtral-8x7B-Instruct-v0.1: 8 experts, top 2, every layer
+    _m("mixtral-8x7b", 32, 4096, 32, 8, 128, 14336, 32000, False, 32768,
+       experts=Experts(routed=8, top_k=2, ffn=14336)),
+    # Qwen/Qwen3-30B-A3B: 128 experts of width 768, top 8, no shared expert
+    _m("qwen3-30b-a3b", 48, 2048, 32, 4, 128, 6144, 151936, False, 40960,
+       experts=Experts(routed=128, top_k=8, ffn=768)),
+    # Qwen/Qwen3-235B-A22B: 128 experts of width 1536, top 8
+    _m("qwen3-235b-a22b", 94, 4096, 64, 4, 128, 12288, 151936, False, 40960,
+       experts=Experts(routed=128, top_k=8, ffn=1536)),
+    # deepseek-ai/DeepSeek-V3 (and R1): MLA (kv_lora_rank 512, rope 64, nope 128, v 128, q_lora_rank
+    # 1536), 256 routed experts of width 2048, top 8, one shared, first 3 layers dense (18432), one MTP layer
+    _m("deepseek-v3", 61, 7168, 128, 128, 192, 18432, 129280, False, 163840,
+       experts=Experts(routed=256, top_k=8, ffn=2048, shared=1, dense_layers=3),
+       latent=Latent(kv_rank=512, rope_dim=64, nope_dim=128, v_dim=128, q_rank=1536), mtp_layers=1),
+    # zai-org/GLM-4.5-Air: GQA 96/8 heads of 128, 128 experts of width 1408, top 8, one shared,
+    # first layer dense (10944), one MTP layer
+    _m("glm-4.5-air", 46, 4096, 96, 8, 128, 10944, 151552, False, 131072,
+       experts=Experts(routed=128, top_k=8, ffn=1408, shared=1, dense_layers=1), mtp_layers=1),
+    # zai-org/GLM-4.5: 160 experts of width 1536, top 8, one shared, first 3 layers dense (12288)
+    _m("glm-4.5", 92, 5120, 96, 8, 128, 12288, 151552, False, 131072,
+       experts=Experts(routed=160, top_k=8, ffn=1536, shared=1, dense_layers=3), mtp_layers=1),
+    # openai/gpt-oss-{20b,120b}: GQA 64/8 heads of 64, experts of width 2880, top 4 (the
+    # alternating 128-token sliding window is not modelled: every layer reads the whole context)
+    _m("gpt-oss-20b", 24, 2880, 64, 8, 64, 2880, 201088, False, 131072,
+       experts=Experts(routed=32, top_k=4, ffn=2880)),
+    _m("gpt-oss-120b", 36, 2880, 64, 8, 64, 2880, 201088, False, 131072,
+       experts=Experts(routed=128, top_k=4, ffn=2880)),
     # meta-llama/Llama-3.2-1B (head_dim 64, tied embeddings)
     _m("llama-3.2-1b", 16, 2048, 32, 8, 64, 8192, 128256, True, 131072),
     # Qwen/Qwen2.5-{1.5B,7B,14B,32B}-Instruct (Qwen2 architecture: Llama plus a QKV bias)
@@ -72,15 +170,29 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
     _m("vicuna-7b", 32, 4096, 32, 32, 128, 11008, 32000, False, 2048),
     _m("vicuna-13b", 40, 5120, 40, 40, 128, 13824, 32000, False, 2048),
     _m("vicuna-33b", 60, 6656, 52, 52, 128, 17920, 32000, False, 2048),
+    # codellama/CodeLlama-34b-hf (GQA 64/8, the 34B shape)
+    _m("codellama-34b", 48, 8192, 64, 8, 128, 22016, 32000, False, 16384),
+    # Draft models: TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T, double7/vicuna-68m,
+    # turboderp/Qwama-0.5B-Instruct (Qwen2-0.5B with Llama-3's vocabulary)
+    _m("tinyllama-1.1b", 22, 2048, 32, 4, 64, 5632, 32000, False, 2048),
+    _m("vicuna-68m", 2, 768, 12, 12, 64, 3072, 32000, False, 2048),
+    _m("qwama-0.5b", 24, 896, 14, 2, 64, 4864, 128256, True, 32768),
+    # meta-llama/Llama-4-Scout-17B-16E-Instruct: 16 experts of width 8192, top 1, one shared expert, every layer
+    _m("llama-4-scout-17b-16e", 48, 5120, 40, 8, 128, 16384, 202048, False, 10485760,
+       experts=Experts(routed=16, top_k=1, ffn=8192, shared=1)),
     # HuggingFaceTB/SmolLM2-135M-Instruct (GQA 9/3 heads, tied embeddings)
     _m("smollm2-135m", 30, 576, 9, 3, 64, 1536, 49152, True, 8192),
 ]}
 
-SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"}
+SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
+                           "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
+                           "DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM", "Glm4MoeForCausalLM",
+                           "GptOssForCausalLM"}
 
 
 def load_hf_config(path: Path) -> ModelSpec:
-    """Read a Hugging Face config.json of the Llama family into a ModelSpec.
+    """Read a Hugging Face config.json (Llama, Qwen2/3 dense and MoE, Mistral, Mixtral, DeepSeek-V2/V3,
+    GLM-4.5, gpt-oss) into a ModelSpec.
 
     Raises ValueError with a one-line reason when the file is not such a config.
     """
@@ -90,7 +202,7 @@ def load_hf_config(path: Path) -> ModelSpec:
         raise ValueError(f"cannot read {path} as a config.json ({exc.__class__.__name__})") from None
     architectures = (config.get("architectures") or []) if isinstance(config, dict) else []
     if architectures and not set(architectures) & SUPPORTED_ARCHITECTURES:
-        raise ValueError(f"{path}: architecture {architectures[0]} is not of the Llama family "
+        raise ValueError(f"{path}: architecture {architectures[0]} is not supported "
                          f"({', '.join(sorted(SUPPORTED_ARCHITECTURES))})")
     if not isinstance(config, dict):
         raise ValueError(f"{path}: config.json must hold a mapping")
@@ -107,15 +219,36 @@ def load_hf_config(path: Path) -> ModelSpec:
 
     hidden = positive("hidden_size")
     heads = positive("num_attention_heads")
+    experts = None
+    routed = config.get("n_routed_experts") or config.get("num_experts") or config.get("num_local_experts")
+    if routed:
+        shared = config.get("n_shared_experts") or 0
+        expert_ffn = positive("moe_intermediate_size", config.get("intermediate_size"))
+        if config.get("shared_expert_intermediate_size"):      # Qwen2-MoE: one wider shared expert
+            shared = round(config["shared_expert_intermediate_size"] / expert_ffn)
+        experts = Experts(routed=positive("n_routed_experts", routed), top_k=positive("num_experts_per_tok"),
+                          ffn=expert_ffn, shared=int(shared),
+                          dense_layers=int(config.get("first_k_dense_replace") or 0))
+    latent = None
+    if config.get("kv_lora_rank"):
+        latent = Latent(kv_rank=positive("kv_lora_rank"), rope_dim=positive("qk_rope_head_dim"),
+                        nope_dim=positive("qk_nope_head_dim"), v_dim=positive("v_head_dim"),
+                        q_rank=int(config.get("q_lora_rank") or 0))
+    head_dim = positive("head_dim", hidden // heads or None)
+    if latent is not None:
+        head_dim = latent.nope_dim + latent.rope_dim
     return ModelSpec(
         name=Path(path).parent.name or Path(path).stem,
         layers=positive("num_hidden_layers"),
         hidden=hidden,
         heads=heads,
         kv_heads=positive("num_key_value_heads", heads),
-        head_dim=positive("head_dim", hidden // heads or None),
+        head_dim=head_dim,
         ffn=positive("intermediate_size"),
         vocab=positive("vocab_size"),
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
         max_context=positive("max_position_embeddings", 4096),
+        experts=experts,
+        latent=latent,
+        mtp_layers=int(config.get("num_nextn_predict_layers") or 0),
     )

@@ -1,0 +1,107 @@
+"""What `sim validate --published` writes: errors.csv (one row per case, provenance first), the
+parity plot (measured against predicted speedup, fit and held half apart, anchors marked) and the
+Markdown tables for docs/validation.md."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from sim.validate.published.predict import Prediction
+
+
+def predictions_frame(predictions: list[Prediction]) -> pd.DataFrame:
+    return pd.DataFrame([p.row() for p in predictions])
+
+
+def read_published(path=None) -> pd.DataFrame | None:
+    """The committed errors.csv of the published catalogue, or None where there is none."""
+    from sim.bands import PUBLISHED
+
+    path = PUBLISHED if path is None else path
+    if not path.exists():
+        return None
+    return pd.read_csv(path, skiprows=1)
+
+
+def halves_text(frame: pd.DataFrame) -> str:
+    """Each half's scored cases and median / P90 |error|, in words."""
+    parts = []
+    for half in ("held", "fit"):
+        errors = frame[(frame.half == half) & (frame.role == "predicted")].error.abs()
+        if len(errors):
+            parts.append(f"{half} half: {len(errors)} cases, median |error| {errors.median():.1%}, "
+                         f"P90 {errors.quantile(0.9):.1%}")
+    return "; ".join(parts)
+
+
+def parity_html(frame: pd.DataFrame, title: str) -> str:
+    return published_figure(frame, title).to_html(include_plotlyjs=True, full_html=True)
+
+
+def published_figure(frame: pd.DataFrame, title: str):
+    """Measured against predicted speedup, one marker per case: fit and held half apart, anchors
+    (which set acceptance and are not scored) as crosses, the ±20% lines."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    both = pd.concat([frame.measured_speedup, frame.predicted_speedup]).astype(float)
+    lo, hi = float(both.min()) * 0.9, float(both.max()) * 1.1
+    fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", line={"color": "#888", "dash": "dash"}, name="y = x"))
+    for lines in (0.8, 1.2):
+        fig.add_trace(go.Scatter(x=[lo, hi], y=[lo * lines, hi * lines], mode="lines", showlegend=lines == 0.8,
+                                 line={"color": "#ccc", "dash": "dot"}, name="±20%"))
+    styles = {("held", "predicted"): ("#ef553b", "circle"), ("fit", "predicted"): ("#636efa", "circle"),
+              ("held", "anchor"): ("#ef553b", "x"), ("fit", "anchor"): ("#636efa", "x")}
+    for (half, role), (color, symbol) in styles.items():
+        rows = frame[(frame.half == half) & (frame.role == role)]
+        if rows.empty:
+            continue
+        text = [f"{r.case}<br>{r.source}: {r.model} on {r.gpus}x {r.hardware}, {r.engine}, {r.dtype}<br>{r.method}, "
+                f"{r.metric}, batch {r.batch if pd.notna(r.batch) else '-'}"
+                + (f"<br>error {r.error:+.1%}" if pd.notna(r.error) else "<br>anchor (sets acceptance)")
+                for r in rows.itertuples()]
+        fig.add_trace(go.Scatter(x=rows.measured_speedup, y=rows.predicted_speedup, mode="markers",
+                                 name=f"{half} half, {'anchors' if role == 'anchor' else 'predicted'}",
+                                 marker={"color": color, "symbol": symbol, "size": 9}, text=text,
+                                 hovertemplate="%{text}<br>measured %{x:.2f}x<br>predicted %{y:.2f}x<extra></extra>"))
+    fig.update_layout(title=title, xaxis_title="measured speedup", yaxis_title="predicted speedup",
+                      template="plotly_white", height=620, width=900)
+    return fig
+
+
+def csv_text(frame: pd.DataFrame, provenance: dict) -> str:
+    return f"# provenance: {json.dumps(provenance)}\n" + frame.to_csv(index=False)
+
+
+def markdown_tables(predictions: list[Prediction], summary: dict, command: str) -> str:
+    pct = lambda x: f"{x:.1%}"
+    lines = [f"Reproduce: `{command}`", "",
+             "| half | scored cases (sources) | anchors | median abs error | P90 | worst | measured >10% from 1: on the wrong side |",
+             "|---|---|---|---|---|---|---|"]
+    for half, s in summary.items():
+        wrong = f"{len(s['wrong_side'])} of {s['decisive']}" + (f" ({', '.join(s['wrong_side'])})" if s["wrong_side"] else "")
+        lines.append(f"| {half} | {s['cases']} ({s['sources']}) | {s['anchors']} | {pct(s['median_abs_error'])} | "
+                     f"{pct(s['p90_abs_error'])} | {pct(s['worst_abs_error'])} | {wrong} |")
+    lines += ["", "Per source (scored cases): median abs error, and the signed errors' range", "",
+              "| source | half | cases | anchors | median abs error | error range | hardware | engine | method |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    by_source: dict[str, list[Prediction]] = {}
+    for p in predictions:
+        by_source.setdefault(p.entry.source.id, []).append(p)
+    for source, items in by_source.items():
+        scored = [p for p in items if p.role == "predicted"]
+        anchors = len(items) - len(scored)
+        cases = [p.entry.case for p in items]
+        hw = ", ".join(sorted({f"{c.gpus}x {c.hardware}" for c in cases}))
+        engines = ", ".join(sorted({c.engine for c in cases}))
+        methods = ", ".join(sorted({c.method for c in cases}))
+        if scored:
+            errors = sorted(p.error for p in scored)
+            median = sorted(abs(e) for e in errors)[len(errors) // 2] if len(errors) % 2 else \
+                sum(sorted(abs(e) for e in errors)[len(errors) // 2 - 1:len(errors) // 2 + 1]) / 2
+            cells = f"{pct(median)} | {errors[0]:+.0%} to {errors[-1]:+.0%}"
+        else:
+            cells = "- | -"
+        lines.append(f"| {source} | {items[0].entry.half} | {len(scored)} | {anchors} | {cells} | {hw} | {engines} | {methods} |")
+    return "\n".join(lines)

@@ -1,0 +1,77 @@
+"""A catalogue case as the scenario that reproduces it.
+
+The mapping is fixed, the same for every case, and nothing in it is set per case:
+- engine: vLLM, SGLang and TensorRT-LLM batch continuously; Hugging Face eager code and gpt-fast
+  run static batches (prefill the batch, decode until its last request ends), padded to the
+  longest row as they are;
+- workload: a closed loop at the case's batch (4 x batch requests, so a continuous engine reaches
+  its steady state; one batch for a static engine) or Poisson arrivals at its rate; the stated
+  prompt and output lengths, else the dataset's lengths in catalogue.yaml;
+- parallelism: tensor parallel as stated; pipeline-split layers (Hugging Face device_map) cost
+  what one GPU with the GPUs' memory would;
+- acceptance: the measured tokens per step; else the per-token rate solved on the case's anchor.
+"""
+from __future__ import annotations
+
+from sim.validate.published.catalogue import Catalogue, Entry
+
+STATIC_ENGINES = ("hf-eager", "gpt-fast")
+
+
+def case_scenario(entry: Entry, catalogue: Catalogue, acceptance: dict) -> dict:
+    """The scenario mapping of one case with the given acceptance block (tokens_per_step or rate)."""
+    case = entry.case
+    w = case.workload
+    lengths = catalogue.halves.lengths.get(w.dataset)
+    prompt = w.prompt_tokens or lengths.prompt_tokens
+    output = w.output_tokens or lengths.output_tokens
+    static = case.engine in STATIC_ENGINES
+    if w.batch is not None:
+        workload = {"arrival": "closed", "concurrency": w.batch, "requests": w.batch if static else max(4 * w.batch, 8)}
+    else:
+        workload = {"arrival": "poisson", "rate_qps": w.rate_qps, "requests": 200}
+    workload.update(prompt_tokens=prompt, output_tokens=output)
+    hardware: str | dict = case.hardware
+    tp = case.tensor_parallel
+    if case.parallelism == "pipeline" and case.gpus > 1:
+        from sim.scenario.presets import HARDWARE
+
+        hardware = {"preset": case.hardware, "memory_gb": HARDWARE[case.hardware].memory_gb * case.gpus}
+        tp = 1
+    return {
+        "hardware": hardware, "model": case.model, "dtype": case.dtype, "tensor_parallel": tp,
+        "engine": case.engine, "workload": workload, "speculation": speculation(case, acceptance),
+        "scheduler": {"batching": "static" if static else "continuous", "pad_ragged": static,
+                      "max_batch": max(w.batch or 256, 1), "prefill_chunk": 8192 if static else 2048},
+        "seed": 0,
+    }
+
+
+def speculation(case, acceptance: dict) -> dict:
+    p = case.parameters
+    spec: dict = {"method": case.method, "acceptance": acceptance}
+    if p.tree is not None and (p.tree.tokens or 0) > p.tree.depth:
+        tree = {"depth": p.tree.depth, "tokens": p.tree.tokens}
+        if p.tree.topk is not None:
+            tree["topk"] = p.tree.topk
+        spec["tree"] = tree
+    else:
+        spec["num_speculative_tokens"] = (p.tree.depth if p.tree is not None else p.num_speculative_tokens) or 3
+    draft = {}
+    if p.draft_model is not None:
+        draft["model"] = p.draft_model
+    if p.draft_kv_budget is not None:
+        draft["kv_budget"] = p.draft_kv_budget
+    if p.draft_layers is not None:
+        draft["layers"] = p.draft_layers
+    if draft:
+        spec["draft"] = draft
+    return spec
+
+
+def depth(case) -> int:
+    """The longest chain a step of the case can accept."""
+    p = case.parameters
+    if p.tree is not None and (p.tree.tokens or 0) > p.tree.depth:
+        return p.tree.depth
+    return (p.tree.depth if p.tree is not None else p.num_speculative_tokens) or 3

@@ -1,0 +1,202 @@
+"""The cost model's pieces for GPU deployments, each against a hand-computed case: the GEMM corner,
+mixtures of experts, multi-head latent attention, FP8 and int4 weights, speculative host work,
+static batches and decode-only accounting, config.json beyond Llama."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from sim.cost.batch import DRAFT, OVERHEAD, PHASES
+from sim.cost.memory import kv_bytes_per_token
+from sim.cost.roofline import RooflineCostModel
+from sim.cost.stack import build_stacks
+from sim.scenario import load_scenario
+from sim.scenario.presets import MODELS, load_hf_config
+from sim.scenario.schema import INT4_WEIGHT_BYTES
+from sim.simulate import simulate
+
+PLAIN_H100 = {"preset": "h100-sxm", "gemm_corner": None}
+
+
+def scenario(**fields):
+    base = {"hardware": PLAIN_H100, "model": "llama-3.1-8b", "workload": {"concurrency": 1, "requests": 1,
+                                                                          "prompt_tokens": 16, "output_tokens": 8}}
+    base.update(fields)
+    return load_scenario(base)
+
+
+def target_cost(s):
+    cost = RooflineCostModel(s)
+    return cost, cost._cost_of(build_stacks(s).target)
+
+
+def test_gemm_corner_is_the_smooth_maximum():
+    s = scenario(hardware={"preset": "h100-sxm", "gemm_corner": 2.0})
+    _, c = target_cost(s)
+    assert c.combine(3.0, 4.0) == pytest.approx(5.0)             # (3^2 + 4^2)^(1/2)
+    assert c.combine(1.0, 1.0) == pytest.approx(math.sqrt(2))    # 2^(1/p) at the ridge
+    assert c.combine(0.0, 7.0) == pytest.approx(7.0)
+    plain = target_cost(scenario())[1]
+    assert plain.combine(3.0, 4.0) == 4.0                         # no corner: the roofline's max
+
+
+def test_distinct_experts_and_the_routed_cost():
+    s = scenario(model="mixtral-8x7b")
+    cost, c = target_cost(s)
+    assert c.distinct_experts(1) == pytest.approx(2.0)
+    assert c.distinct_experts(2) == pytest.approx(8 * (1 - 0.75 ** 2))      # 3.5
+    assert c.distinct_experts(1000) == pytest.approx(8.0)
+    # One routed layer at 2 tokens: 3.5 experts of 3 x 4096 x 14336 bf16 weights, memory-bound.
+    expert_bytes = 3 * 4096 * 14336 * 2
+    bytes_s = 3350e9 * 0.80
+    act = 2 * 2 * (2 * 4096 + 3 * 14336) * 2          # tokens x top_k x (2h + 3f) x 2 bytes
+    assert c.routed_time_s(2) == pytest.approx((3.5 * expert_bytes + act) / bytes_s)
+    # Verifying 4 tokens reads more expert weights than decoding 1: the MoE penalty of speculation.
+    assert c.routed_time_s(4) / c.routed_time_s(1) > 2.0
+
+
+def test_latent_attention_kv_and_flops():
+    model = MODELS["deepseek-v3"]
+    assert kv_bytes_per_token(model, 8, 1) == 61 * (512 + 64)          # one latent per layer, not split by TP
+    assert kv_bytes_per_token(MODELS["llama-3.1-8b"], 1, 2) == 2 * 32 * 8 * 128 * 2
+    s = load_scenario({"hardware": {"preset": "h200", "gemm_corner": None}, "model": "deepseek-v3", "dtype": "fp8",
+                       "kv_dtype": "fp8", "tensor_parallel": 8,
+                       "workload": {"concurrency": 1, "requests": 1, "prompt_tokens": 16, "output_tokens": 4}})
+    _, c = target_cost(s)
+    heads = 128 / 8
+    assert c.attn_flops_per_q_kv == 2 * heads * (512 + 64) + 2 * heads * 512
+    assert c.attn_bytes_per_kv == 576
+    assert c.moe_layers == 58 and c.dense_layers == 3
+
+
+def test_fp8_and_int4_weights():
+    fp8 = scenario(dtype="fp8")
+    assert fp8.weight_bytes == 1 and fp8.dtype_bytes == 2 and fp8.kv_bytes == 2
+    assert fp8.gemm_dtype == "fp8"
+    cost, c = target_cost(fp8)
+    assert cost.flops_s == pytest.approx(1978.9e12 * 0.65)
+    assert c.linears[0].weight_bytes == 4096 * (32 + 16) * 128 * 1
+    on_a100 = scenario(dtype="fp8", hardware={"preset": "a100-80g", "gemm_corner": None})
+    assert on_a100.gemm_dtype == "bf16"                           # no fp8 tensor cores: bytes only
+    assert RooflineCostModel(on_a100).flops_s == pytest.approx(312e12 * 0.65)
+    int4 = scenario(dtype="int4")
+    assert int4.weight_bytes == pytest.approx(0.5 + 2.5 / 128) == INT4_WEIGHT_BYTES
+    assert int4.gemm_dtype == "fp16"
+    assert scenario(dtype="fp8", kv_dtype="fp8").kv_bytes == 1
+
+
+def test_speculation_host_work():
+    s = scenario(engine="hf-eager", speculation={"method": "eagle", "num_speculative_tokens": 5,
+                                                 "acceptance": {"tokens_per_step": 3}})
+    shares = [0.0] * len(PHASES)
+    seconds = RooflineCostModel(s).speculation_overhead(4, 5, shares)
+    assert seconds == pytest.approx(2e-3 + 5 * 2e-3)
+    assert shares[OVERHEAD] == pytest.approx(2e-3) and shares[DRAFT] == pytest.approx(10e-3)
+    sglang = scenario(engine="sglang", speculation={"method": "eagle", "acceptance": {"tokens_per_step": 2}})
+    assert RooflineCostModel(sglang).speculation_overhead(10, 3, [0.0] * len(PHASES)) == pytest.approx(10 * 20e-6)
+
+
+def test_eagle_heads_and_tree_topk():
+    s = scenario(speculation={"method": "eagle", "tree": {"depth": 6, "tokens": 60, "topk": 10},
+                              "acceptance": {"tokens_per_step": 3}})
+    assert s.speculation.tree.tokens_per_draft_forward == 10 and s.speculation.verify_tokens == 61
+    head = build_stacks(s).draft
+    assert head.extra_linears == ((2 * 4096, 4096),) and head.lm_head_vocab == 128256
+    mtp = build_stacks(load_scenario({"hardware": "h200", "model": "deepseek-v3", "tensor_parallel": 8,
+                                      "speculation": {"method": "mtp", "acceptance": {"tokens_per_step": 1.8},
+                                                      "num_speculative_tokens": 1}})).draft
+    assert mtp.experts is not None and mtp.latent is not None and mtp.layers == 1
+    assert mtp.moe_layers == 1 and mtp.dense_layers == 0      # the next-n layer is an MoE layer
+
+
+def test_static_batches_wait_for_the_whole_batch():
+    base = {"hardware": "h100-sxm", "model": "llama-3.1-8b",
+            "workload": {"concurrency": 2, "requests": 4, "prompt_tokens": 64, "output_tokens": [8, 32, 8, 32]}}
+    static = simulate({**base, "scheduler": {"batching": "static"}}).baseline
+    continuous = simulate(base).baseline
+    # The third request starts only when the first batch's longer request ends (32 tokens).
+    assert static.ttft_s[2] > continuous.ttft_s[2]
+    assert static.makespan_s > continuous.makespan_s
+    assert static.iterations == 2 * 32     # each batch: one prefill iteration, then 31 decode steps
+
+
+def test_decode_only_counts_no_prefill_iteration():
+    result = simulate({"hardware": "h100-sxm", "model": "llama-3.1-8b",
+                       "scheduler": {"batching": "static", "prefill_chunk": 4096},
+                       "workload": {"concurrency": 4, "requests": 4, "prompt_tokens": 512, "output_tokens": 17}})
+    base = result.baseline
+    # 4 requests x 16 tokens after the first, over the 16 decode iterations' time.
+    steps = np.asarray([s for s in base_steps(result)])
+    assert base.decode_throughput_tok_s == pytest.approx(4 * 16 / steps[1:].sum())
+
+
+def test_decode_only_counts_output_tokens_only():
+    # k = 4 with every draft accepted commits 5 tokens a step: 17 tokens end mid-step, and the
+    # tokens past the end are no output.
+    result = simulate({"hardware": "h100-sxm", "model": "llama-3.1-8b", "scheduler": {"batching": "static"},
+                       "speculation": {"method": "eagle", "num_speculative_tokens": 4,
+                                       "acceptance": {"tokens_per_step": 5}},
+                       "workload": {"concurrency": 2, "requests": 2, "prompt_tokens": 64, "output_tokens": 17}})
+    from sim.simulate import plan, run_pipeline
+
+    requests, planned = plan(result.scenario)
+    _, config, stacks, memory = planned[1]
+    record, _ = run_pipeline(config, requests, stacks, memory)
+    assert record.decode_only_tokens == 2 * 16
+
+
+def test_static_batch_prefills_in_chunks_before_decoding():
+    mapping = {"hardware": "h100-sxm", "model": "llama-3.1-8b", "scheduler": {"prefill_chunk": 256},
+               "workload": {"concurrency": 2, "requests": 2, "prompt_tokens": 512, "output_tokens": 9}}
+    static = simulate({**mapping, "scheduler": {"batching": "static", "prefill_chunk": 256}}).baseline
+    # 1,024 prompt tokens in chunks of 256: 4 prefill iterations, then 8 decode steps for both.
+    assert static.iterations == 4 + 8
+    # The first request's prefill ends at the second chunk, but it decodes only with the batch:
+    # its 8 tokens take longer after its first token than the second request's.
+    assert static.tpot_s[0] > 1.1 * static.tpot_s[1]
+    continuous = simulate(mapping).baseline
+    assert continuous.tpot_s[0] < static.tpot_s[0]
+
+
+def base_steps(result):
+    from sim.simulate import plan, run_pipeline
+
+    s = result.scenario.with_method_none()
+    requests, planned = plan(s)
+    _, config, stacks, memory = planned[0]
+    record, _ = run_pipeline(config, requests, stacks, memory)
+    return record.step_s
+
+
+@pytest.mark.parametrize("config, check", [
+    ({"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 8,
+      "num_key_value_heads": 8, "intermediate_size": 2048, "moe_intermediate_size": 256, "n_routed_experts": 16,
+      "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1, "kv_lora_rank": 128,
+      "q_lora_rank": 256, "qk_rope_head_dim": 32, "qk_nope_head_dim": 64, "v_head_dim": 64, "vocab_size": 1000,
+      "num_nextn_predict_layers": 1},
+     lambda m: (m.experts.routed, m.experts.shared, m.experts.dense_layers, m.latent.kv_rank, m.head_dim,
+                m.mtp_layers) == (16, 1, 1, 128, 96, 1)),
+    ({"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 32,
+      "num_key_value_heads": 4, "head_dim": 128, "intermediate_size": 6144, "moe_intermediate_size": 768,
+      "num_experts": 128, "num_experts_per_tok": 8, "vocab_size": 151936},
+     lambda m: (m.experts.routed, m.experts.top_k, m.experts.ffn, m.experts.shared) == (128, 8, 768, 0)),
+    ({"architectures": ["GptOssForCausalLM"], "hidden_size": 2880, "num_hidden_layers": 36, "num_attention_heads": 64,
+      "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 2880, "num_local_experts": 128,
+      "num_experts_per_tok": 4, "vocab_size": 201088},
+     lambda m: (m.experts.routed, m.experts.top_k, m.experts.ffn) == (128, 4, 2880)),
+])
+def test_config_json_beyond_llama(tmp_path, config, check):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert check(load_hf_config(path))
+
+
+def test_moe_presets_match_their_published_sizes():
+    # Total and active parameters as the model cards state them (billions).
+    for name, total, active in (("deepseek-v3", 671, 37), ("qwen3-30b-a3b", 30.5, 3.3), ("mixtral-8x7b", 46.7, 12.9),
+                                ("llama-4-scout-17b-16e", 109, 17)):
+        m = MODELS[name]
+        assert m.params / 1e9 == pytest.approx(total, rel=0.03), name
+        active_params = m.layers * m.active_layer_params + m.embedding_params
+        assert active_params / 1e9 == pytest.approx(active, rel=0.06), name

@@ -1,0 +1,105 @@
+"""`sim validate --published`: the committed catalogue loads and every case is predicted; bad
+entries are one line and exit 2; anchors reproduce their measurement; speedups get error bands."""
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from sim.bands import speedup_band
+from sim.errors import InputError
+from sim.scenario import load_scenario
+from sim.validate.published.catalogue import load_catalogue
+from sim.validate.published.predict import predict_catalogue, solve_anchor, summarize
+
+REPO = Path(__file__).resolve().parents[1]
+CATALOGUE = REPO / "validation/published"
+
+
+def test_committed_catalogue_holds_forty_cases_from_ten_sources():
+    catalogue = load_catalogue(CATALOGUE)
+    assert len(catalogue.entries) >= 40 and len(catalogue.sources) >= 10
+    assert {e.half for e in catalogue.entries} == {"fit", "held"}
+    for e in catalogue.entries:
+        assert e.case.id.startswith(e.source.id), e.case.id
+
+
+def test_every_case_is_predicted_and_written(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "sim", "validate", "--published", str(CATALOGUE), "--out", str(tmp_path)],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert "fit:" in proc.stdout and "held:" in proc.stdout
+    lines = (tmp_path / "errors.csv").read_text().splitlines()
+    assert lines[0].startswith("# provenance:") and '"git_revision"' in lines[0] and "/work" not in lines[0]
+    frame = pd.read_csv(tmp_path / "errors.csv", skiprows=1)
+    assert len(frame) == len(load_catalogue(CATALOGUE).entries)
+    scored = frame[frame.role == "predicted"]
+    assert scored.error.notna().all() and frame[frame.role == "anchor"].error.isna().all()
+    assert (tmp_path / "parity.html").read_text().count("plotly") > 0
+
+
+def test_anchor_reproduces_its_measurement():
+    catalogue = load_catalogue(CATALOGUE)
+    entry = next(e for e in catalogue.entries if e.case.id == "eagle3-sglang-h100-llama31-8b-eagle3-b2")
+    anchor = solve_anchor(entry, catalogue)
+    assert anchor.predicted == pytest.approx(entry.case.speedup, rel=0.01)
+    assert 0 < anchor.acceptance["rate"] < 1
+
+
+def test_summary_splits_the_halves():
+    catalogue = load_catalogue(CATALOGUE)
+    summary = summarize(predict_catalogue(catalogue))
+    assert set(summary) == {"fit", "held"}
+    assert summary["held"]["sources"] >= 5 and summary["fit"]["cases"] >= 20
+
+
+def copy_catalogue(tmp_path) -> Path:
+    root = tmp_path / "cat"
+    shutil.copytree(CATALOGUE / "sources", root / "sources")
+    shutil.copy(CATALOGUE / "catalogue.yaml", root / "catalogue.yaml")
+    return root
+
+
+def edit_first_case(root: Path, change) -> None:
+    path = root / "sources/liu2026.yaml"
+    document = yaml.safe_load(path.read_text())
+    change(document)
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d["cases"][0].update(flavour="x"), "liu2026.yaml: case liu2026-sglang-h100-qwen3-8b-gsm8k-chain-k3-b1: flavour: unknown field"),
+    (lambda d: d.pop("source"), "liu2026.yaml: source: missing"),
+    (lambda d: d["cases"][0].update(metric="latency"), "metric: 'latency' is not one of throughput, end_to_end, decode_only"),
+    (lambda d: d["cases"][0].pop("acceptance"), "states no acceptance"),
+    (lambda d: d["cases"][1]["parameters"].update(tree={"depth": 3, "topk": 1, "tokens": 5}), "top-k 1 is a chain of 3"),
+])
+def test_bad_entries_are_one_line_and_exit_2(tmp_path, change, message):
+    root = copy_catalogue(tmp_path)
+    edit_first_case(root, change)
+    with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_catalogue(root)
+    proc = subprocess.run([sys.executable, "-m", "sim", "validate", "--published", str(root), "--out", str(tmp_path)],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert not (tmp_path / "errors.csv").exists()
+
+
+def test_speedup_bands_come_from_comparable_cases():
+    near = load_scenario({"hardware": "h100-sxm", "model": "llama-3.1-8b", "engine": "sglang",
+                          "workload": {"concurrency": 1, "prompt_tokens": 128},
+                          "speculation": {"method": "eagle", "acceptance": {"tokens_per_step": 2.25}}})
+    band = speedup_band(near, 1.6)
+    assert band is not None and band.basis == "held-out published cases" and band.cases
+    assert band.half_width == pytest.approx(band.relative * 1.6)
+    cpu = load_scenario({"hardware": "cpu", "model": "smollm2-135m", "dtype": "fp32",
+                         "workload": {"concurrency": 4, "prompt_tokens": 512},
+                         "speculation": {"method": "ngram", "acceptance": {"rate": 0.5}}})
+    assert speedup_band(cpu, 1.2).basis == "CPU live runs"
+    far = load_scenario({"hardware": "rtx-4090", "model": "llama-3.2-1b", "workload": {"concurrency": 256, "prompt_tokens": 32768},
+                         "speculation": {"method": "draft_model", "draft": {"model": "llama-3.2-1b"},
+                                         "acceptance": {"rate": 0.5}}})
+    assert speedup_band(far, 1.1) is None

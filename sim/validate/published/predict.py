@@ -42,7 +42,7 @@ class Prediction:
                 "prompt_tokens": self.prompt_tokens, "measured_speedup": self.measured,
                 "predicted_speedup": self.predicted, "error": self.error if self.role == "predicted" else None,
                 "acceptance": ", ".join(f"{k} {v:.4g}" for k, v in self.acceptance.items()),
-                "tokens_per_step": self.tokens_per_step, "seconds": self.seconds, "note": self.note}
+                "tokens_per_step": self.tokens_per_step, "note": self.note}
 
 
 def speedup_of(result, case) -> float:

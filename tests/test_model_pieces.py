@@ -200,3 +200,26 @@ def test_moe_presets_match_their_published_sizes():
         assert m.params / 1e9 == pytest.approx(total, rel=0.03), name
         active_params = m.layers * m.active_layer_params + m.embedding_params
         assert active_params / 1e9 == pytest.approx(active, rel=0.06), name
+
+
+def test_expert_parallelism_pays_for_the_busiest_gpu():
+    # Mixtral over 2 GPUs, one token: 2 of 8 experts touched. Split by tensor parallelism each GPU
+    # reads half of 2 experts; placed whole (4 a GPU), the busiest GPU reads 1 + z_2 sd experts,
+    # sd = sqrt(4 x 0.25 x 0.75), z_2 = Phi^-1(1.625 / 2.25) (Blom).
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf(1.625 / 2.25)
+    expert_bytes = 3 * 4096 * 14336 * 2
+    act_bytes = (2 * 4096 + 3 * 14336) * 2
+    bytes_s = 3350e9 * 0.80
+    hardware = {"preset": "h100-sxm", "gemm_corner": None}
+    split = target_cost(scenario(hardware=hardware, model="mixtral-8x7b", tensor_parallel=2))[1]
+    placed = target_cost(scenario(hardware=hardware, model="mixtral-8x7b", tensor_parallel=2, expert_parallel=True))[1]
+    experts = 1 + z * math.sqrt(4 * 0.25 * 0.75)
+    pairs = 1 + z * math.sqrt(2 * 0.5 * 0.5)
+    assert placed.routed_time_s(1) == pytest.approx((experts * expert_bytes + pairs * act_bytes) / bytes_s)
+    assert split.routed_time_s(1) == pytest.approx((2 * expert_bytes / 2 + 2 * act_bytes / 2) / bytes_s)
+    # At a large batch every expert is read either way: the same bytes per GPU.
+    assert placed.routed_time_s(4096) == pytest.approx(split.routed_time_s(4096), rel=0.01)
+    with pytest.raises(Exception, match="expert_parallel: llama-3.1-8b has no experts"):
+        scenario(expert_parallel=True)

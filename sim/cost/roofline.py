@@ -14,6 +14,7 @@ simulation (Vidur's predictor pattern).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -34,11 +35,18 @@ class _Linear:
     act_bytes_per_token: float
 
 
+def expected_max_normal(n: int) -> float:
+    """E[max of n standard normals], by Blom's approximation: Phi^-1((n - 0.375) / (n + 0.25))."""
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf((n - 0.375) / (n + 0.25)) if n > 1 else 0.0
+
+
 class _StackCost:
     """Per-stack coefficients, computed once so a forward is a few dozen float operations."""
 
     def __init__(self, stack: Stack, *, act_bytes: int, kv_bytes: int, tp: int, flops_s: float, attn_flops_s: float,
-                 bytes_s: float, lm_head_bytes: int, corner: float | None):
+                 bytes_s: float, lm_head_bytes: int, corner: float | None, expert_parallel: bool = False):
         self.stack = stack
         self.layers = stack.layers
         self.flops_s = flops_s
@@ -57,6 +65,13 @@ class _StackCost:
             self.expert = linear(stack.hidden, 3 * e.ffn, stack.weight_bytes)
             self.expert = _Linear(self.expert.flops_per_token, self.expert.weight_bytes,
                                   (2 * stack.hidden + 3 * e.ffn) * act_bytes / tp)
+            # Expert parallelism: whole experts, routed / tp of them on each GPU; the busiest GPU
+            # (most distinct experts, most token-expert pairs) sets the layer's time.
+            self.expert_gpus = tp if expert_parallel else 1
+            if expert_parallel:
+                self.expert = _Linear(self.expert.flops_per_token * tp, self.expert.weight_bytes * tp,
+                                      self.expert.act_bytes_per_token * tp)
+                self.busiest_z = expected_max_normal(tp)
         else:
             self.moe_linears = []
         self.extra_linears = [linear(i, o, lm_head_bytes) for i, o in stack.extra_linears]
@@ -133,11 +148,24 @@ class _StackCost:
 
     def routed_time_s(self, tokens: float) -> float:
         """One MoE layer's routed experts: the weights of every expert some token picked, and
-        top_k expert MLPs of compute per token (a grouped GEMM over the experts touched)."""
+        top_k expert MLPs of compute per token (a grouped GEMM over the experts touched).
+
+        With expert parallelism over n GPUs each holds routed / n whole experts; a GPU's distinct
+        experts and its token-expert pairs are binomial (each expert touched with probability
+        q = 1 - (1 - k/E)^T, each pair on a GPU with probability 1/n), and the busiest GPU is
+        taken at mean + z_n standard deviations, z_n the expected maximum of n standard normals."""
         e = self.experts
         op = self.expert
-        compute = tokens * e.top_k * op.flops_per_token / self.flops_s
-        memory = (self.distinct_experts(tokens) * op.weight_bytes + tokens * e.top_k * op.act_bytes_per_token) / self.bytes_s
+        pairs = tokens * e.top_k
+        experts = self.distinct_experts(tokens)
+        n = self.expert_gpus
+        if n > 1:
+            local = e.routed / n
+            q = experts / e.routed
+            experts = min(local, local * q + self.busiest_z * math.sqrt(local * q * (1 - q)))
+            pairs = min(pairs, pairs / n + self.busiest_z * math.sqrt(pairs * (1 / n) * (1 - 1 / n)))
+        compute = pairs * op.flops_per_token / self.flops_s
+        memory = (experts * op.weight_bytes + pairs * op.act_bytes_per_token) / self.bytes_s
         return self.combine(compute, memory)
 
     def layers_time_s(self, tokens: float) -> float:
@@ -191,6 +219,7 @@ class RooflineCostModel:
         engine = scenario.engine_spec
         self.engine = engine
         self.tp = scenario.tensor_parallel
+        self.expert_parallel = scenario.expert_parallel
         self.act_bytes = scenario.dtype_bytes
         self.kv_bytes = scenario.kv_bytes
         self.flops_s = hw.peak_tflops(scenario.gemm_dtype) * 1e12 * engine.compute_efficiency
@@ -209,7 +238,8 @@ class RooflineCostModel:
         if cost is None:
             cost = _StackCost(stack, act_bytes=self.act_bytes, kv_bytes=self.kv_bytes, tp=self.tp,
                               flops_s=self.flops_s, attn_flops_s=self.attn_flops_s, bytes_s=self.bytes_s,
-                              lm_head_bytes=self.act_bytes, corner=self.corner)
+                              lm_head_bytes=self.act_bytes, corner=self.corner,
+                              expert_parallel=self.expert_parallel)
             self._stacks[id(stack)] = cost
         return cost
 

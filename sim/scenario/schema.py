@@ -253,6 +253,9 @@ class Scenario(Strict):
     dtype: Literal["bf16", "fp16", "fp32", "fp8", "int4"] = "bf16"
     kv_dtype: Literal["auto", "bf16", "fp16", "fp32", "fp8"] = "auto"   # auto: the activation dtype
     tensor_parallel: PositiveInt = 1
+    # Mixtures of experts: false splits every expert across the tensor-parallel GPUs; true places
+    # whole experts, routed / tensor_parallel on each GPU (attention stays tensor parallel).
+    expert_parallel: bool = False
     engine: Union[str, dict[str, Any]] = "vllm"
     calibration: Path | None = None
     workload: Workload = Workload()
@@ -497,6 +500,11 @@ def _check_semantics(scenario: Scenario) -> None:
     model = scenario.model_spec
     scenario.hardware_spec, scenario.engine_spec, scenario.draft_spec  # resolve now, fail early
     tp = scenario.tensor_parallel
+    if scenario.expert_parallel and model.experts is None:
+        raise InputError("expert_parallel", f"{model.name} has no experts")
+    if scenario.expert_parallel and model.experts.routed % tp:
+        raise InputError("expert_parallel", f"tensor_parallel {tp} does not divide {model.name}'s "
+                                            f"{model.experts.routed} routed experts")
     for shaped in filter(None, (model, scenario.draft_spec)):
         if shaped.heads % tp or (shaped.kv_heads % tp and tp % shaped.kv_heads):
             raise InputError("tensor_parallel", f"{tp} does not divide {shaped.name}'s {shaped.heads} heads "

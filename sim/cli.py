@@ -3,7 +3,7 @@ python -m sim sweep [STUDY.yaml] [--executor local|ray] [--address ADDR] [--work
 python -m sim report RESULTS_DIR [--validation CSV] [--out FILE]
 python -m sim capacity SCENARIO [--set FIELD=VALUE ...] [--tolerance F] [--max-rate QPS] [--json]
 python -m sim validate RUN_DIR|CAMPAIGN_DIR... [--calibration DIR] [--out DIR] [--docs FILE]
-python -m sim validate --published [CATALOGUE] [--out DIR] [--docs FILE]
+python -m sim validate --published [CATALOGUE] [--out DIR] [--docs FILE] [--scenarios DIR]
 python -m sim fit-acceptance RUN_DIR|CAMPAIGN_DIR... [--vllm FILE ...] -o acceptance.yaml
 
 run: simulates a scenario with its speculation and without (the baseline), on the same requests and
@@ -85,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--published", type=Path, nargs="?", const=Path("-"), metavar="CATALOGUE",
                           help="predict the published-measurement catalogue instead (default folder: "
                                "validation/published): errors.csv and parity.html, fit and held half apart")
+    validate.add_argument("--scenarios", type=Path, metavar="DIR",
+                          help="with --published: also write each case's scenario as DIR/CASE.yaml (for sim run)")
     validate.add_argument("--out", type=Path, help="write validation.csv and parity.html here (with --published: "
                                                    "errors.csv and parity.html; default the catalogue folder)")
     validate.add_argument("--docs", type=Path, help="with --out: replace the table between this Markdown file's "
@@ -130,7 +132,7 @@ def dispatch(args: argparse.Namespace) -> int:
             from sim.formats.provenance import REPO_ROOT
 
             catalogue = REPO_ROOT / "validation/published" if args.published == Path("-") else args.published
-            return validate_published(catalogue, out=args.out, docs=args.docs)
+            return validate_published(catalogue, out=args.out, docs=args.docs, scenarios=args.scenarios)
         if not args.runs:
             raise InputError("RUN_DIR", "give run or campaign folders, or --published [CATALOGUE]")
         return validate(args.runs, calibration=args.calibration, out=args.out, docs=args.docs)

@@ -28,10 +28,13 @@ def test_committed_catalogue_holds_forty_cases_from_ten_sources():
 
 
 def test_every_case_is_predicted_and_written(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "sim", "validate", "--published", str(CATALOGUE), "--out", str(tmp_path)],
-                          capture_output=True, text=True, cwd=REPO)
+    proc = subprocess.run([sys.executable, "-m", "sim", "validate", "--published", str(CATALOGUE), "--out", str(tmp_path),
+                           "--scenarios", str(tmp_path / "scenarios")], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert "fit:" in proc.stdout and "held:" in proc.stdout
+    written = sorted((tmp_path / "scenarios").glob("*.yaml"))
+    assert len(written) == len(load_catalogue(CATALOGUE).entries)
+    assert all(load_scenario(path).speculation.enabled for path in written)     # each case is a scenario
     lines = (tmp_path / "errors.csv").read_text().splitlines()
     assert lines[0].startswith("# provenance:") and '"git_revision"' in lines[0] and "/work" not in lines[0]
     frame = pd.read_csv(tmp_path / "errors.csv", skiprows=1)

@@ -63,10 +63,12 @@ def validate(paths: list[Path], calibration: Path | None = None, out: Path | Non
     return 0
 
 
-def validate_published(catalogue: Path, out: Path | None = None, docs: Path | None = None) -> int:
+def validate_published(catalogue: Path, out: Path | None = None, docs: Path | None = None,
+                       scenarios: Path | None = None) -> int:
     """Predict every case of the published catalogue, print the halves' errors, write errors.csv
     and parity.html into `out` (default: the catalogue folder) and, with `docs`, the tables between
-    the Markdown file's `validation:published` markers."""
+    the Markdown file's `validation:published` markers; with `scenarios`, each case's scenario as
+    SCENARIOS/CASE.yaml (the acceptance it was predicted with), ready for `sim run`."""
     import time
 
     from sim.validate.published.catalogue import load_catalogue
@@ -95,6 +97,8 @@ def validate_published(catalogue: Path, out: Path | None = None, docs: Path | No
                         *(["--docs", repo_relative(docs)] if docs is not None else [])])
     if docs is not None:
         update_docs(docs, "published", markdown_tables(predictions, summary, command))
+    if scenarios is not None:
+        write_case_scenarios(scenarios, loaded, predictions)
     for half, s in summary.items():
         print(f"{half:>4}: {s['cases']} cases from {s['sources']} sources ({s['anchors']} anchors): median |error| "
               f"{s['median_abs_error']:.1%}, P90 {s['p90_abs_error']:.1%}, worst {s['worst_abs_error']:.1%}; "
@@ -102,6 +106,22 @@ def validate_published(catalogue: Path, out: Path | None = None, docs: Path | No
     print(f"{len(predictions)} cases in {elapsed:.1f} s (slowest {max(p.seconds for p in predictions):.2f} s); "
           f"wrote {out / 'errors.csv'} and {out / 'parity.html'}")
     return 0
+
+
+def write_case_scenarios(folder: Path, catalogue, predictions) -> None:
+    """Each case's scenario mapping as FOLDER/CASE.yaml, the folder replaced whole."""
+    from sim.formats.files import write_folder_atomic
+    from sim.validate.published.scenarios import case_scenario
+
+    def fill(target: Path) -> None:
+        for p in predictions:
+            mapping = plain(case_scenario(p.entry, catalogue, p.acceptance))
+            header = f"# {p.entry.case.id} ({p.entry.source.id}, {p.entry.case.where}): measured {p.measured:g}x {p.entry.case.metric}\n"
+            (target / f"{p.entry.case.id}.yaml").write_text(header + yaml.safe_dump(mapping, sort_keys=False))
+    try:
+        write_folder_atomic(folder, fill, replace=True)
+    except OSError as exc:
+        raise InputError("--scenarios", f"cannot write {folder}: {exc.strerror or exc}") from None
 
 
 MARK = "<!-- validation:{name}:{edge} -->"

@@ -64,19 +64,25 @@ def references() -> tuple[Reference, ...]:
     tables are not there, e.g. an installed copy without the repository)."""
     import pandas as pd
 
-    refs = []
-    if PUBLISHED.exists():
+    def published() -> list[Reference]:
         frame = pd.read_csv(PUBLISHED, skiprows=1)
-        for r in frame[(frame.half == "held") & (frame.role == "predicted")].itertuples():
-            context = r.prompt_tokens if isinstance(r.prompt_tokens, (int, float)) and r.prompt_tokens == r.prompt_tokens else 256
-            refs.append(Reference(r.case, hardware_class(r.hardware), FAMILIES[r.method],
-                                  float(r.batch) if r.batch == r.batch else 16.0, float(context), abs(float(r.error))))
-    if CPU_LIVE.exists():
+        return [Reference(r.case, hardware_class(r.hardware), FAMILIES[r.method],
+                          float(r.batch) if r.batch == r.batch else 16.0,
+                          float(r.prompt_tokens) if r.prompt_tokens == r.prompt_tokens else 256.0, abs(float(r.error)))
+                for r in frame[(frame.half == "held") & (frame.role == "predicted")].itertuples()]
+
+    def cpu_live() -> list[Reference]:
         frame = pd.read_csv(CPU_LIVE, skiprows=1)
         fitted = frame[(frame.prediction == "fitted") & frame.speedup_error.notna()]
-        for r in fitted.itertuples():
-            refs.append(Reference(r.run, "cpu", FAMILIES.get(r.method, "self"), float(r.batch), float(r.context),
-                                  abs(float(r.speedup_error))))
+        return [Reference(r.run, "cpu", FAMILIES.get(r.method, "self"), float(r.batch), float(r.context),
+                          abs(float(r.speedup_error))) for r in fitted.itertuples()]
+
+    refs = []
+    for path, read in ((PUBLISHED, published), (CPU_LIVE, cpu_live)):
+        try:
+            refs += read() if path.exists() else []
+        except (OSError, ValueError, KeyError, AttributeError):
+            pass        # a table this version cannot read gives no band, never a failed simulation
     return tuple(refs)
 
 

@@ -106,3 +106,12 @@ def test_speedup_bands_come_from_comparable_cases():
                          "speculation": {"method": "draft_model", "draft": {"model": "llama-3.2-1b"},
                                          "acceptance": {"rate": 0.5}}})
     assert speedup_band(far, 1.1) is None
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--published", "no/such/folder"], "--published: no/such/folder is not a catalogue folder"),
+    (["--published", str(CATALOGUE), "--calibration", "calibration/cpu/smollm2-135m"], "give no RUN_DIR or --calibration"),
+])
+def test_published_command_refuses_bad_arguments(args, message):
+    proc = subprocess.run([sys.executable, "-m", "sim", "validate", *args], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

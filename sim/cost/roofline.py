@@ -14,13 +14,13 @@ simulation (Vidur's predictor pattern).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
 from sim.cost.batch import DRAFT, OVERHEAD, PARTIAL, SELECTION, TRANSFER, Group
+from sim.cost.experts import busiest_gpu, distinct_experts
 from sim.cost.stack import Stack
 from sim.scenario.schema import Scenario
 
@@ -33,13 +33,6 @@ class _Linear:
     flops_per_token: float
     weight_bytes: float
     act_bytes_per_token: float
-
-
-def expected_max_normal(n: int) -> float:
-    """E[max of n standard normals], by Blom's approximation: Phi^-1((n - 0.375) / (n + 0.25))."""
-    from statistics import NormalDist
-
-    return NormalDist().inv_cdf((n - 0.375) / (n + 0.25)) if n > 1 else 0.0
 
 
 class _StackCost:
@@ -71,7 +64,6 @@ class _StackCost:
             if expert_parallel:
                 self.expert = _Linear(self.expert.flops_per_token * tp, self.expert.weight_bytes * tp,
                                       self.expert.act_bytes_per_token * tp)
-                self.busiest_z = expected_max_normal(tp)
         else:
             self.moe_linears = []
         self.extra_linears = [linear(i, o, lm_head_bytes) for i, o in stack.extra_linears]
@@ -141,29 +133,19 @@ class _StackCost:
         return total
 
     def distinct_experts(self, tokens: float) -> float:
-        """Expected routed experts a forward of `tokens` tokens reads, routing uniform and independent
-        per token: E (1 - (1 - k/E)^T)."""
-        e = self.experts
-        return e.routed * (1.0 - (1.0 - e.top_k / e.routed) ** tokens)
+        """Expected routed experts a forward of `tokens` tokens reads (sim/cost/experts.py)."""
+        return distinct_experts(self.experts.routed, self.experts.top_k, tokens)
 
     def routed_time_s(self, tokens: float) -> float:
         """One MoE layer's routed experts: the weights of every expert some token picked, and
-        top_k expert MLPs of compute per token (a grouped GEMM over the experts touched).
-
-        With expert parallelism over n GPUs each holds routed / n whole experts; a GPU's distinct
-        experts and its token-expert pairs are binomial (each expert touched with probability
-        q = 1 - (1 - k/E)^T, each pair on a GPU with probability 1/n), and the busiest GPU is
-        taken at mean + z_n standard deviations, z_n the expected maximum of n standard normals."""
+        top_k expert MLPs of compute per token (a grouped GEMM over the experts touched); with
+        expert parallelism, those of the busiest GPU (sim/cost/experts.py)."""
         e = self.experts
         op = self.expert
-        pairs = tokens * e.top_k
-        experts = self.distinct_experts(tokens)
-        n = self.expert_gpus
-        if n > 1:
-            local = e.routed / n
-            q = experts / e.routed
-            experts = min(local, local * q + self.busiest_z * math.sqrt(local * q * (1 - q)))
-            pairs = min(pairs, pairs / n + self.busiest_z * math.sqrt(pairs * (1 / n) * (1 - 1 / n)))
+        if self.expert_gpus > 1:
+            experts, pairs = busiest_gpu(e.routed, e.top_k, tokens, self.expert_gpus)
+        else:
+            experts, pairs = self.distinct_experts(tokens), tokens * e.top_k
         compute = pairs * op.flops_per_token / self.flops_s
         memory = (experts * op.weight_bytes + pairs * op.act_bytes_per_token) / self.bytes_s
         return self.combine(compute, memory)

@@ -61,12 +61,13 @@ class _DecodeSlots:
     Every field is a row of one [fields, capacity] array, so adding or removing a request is one
     numpy assignment whatever the number of fields.
     """
-    FIELDS = ("rid", "ctx", "finish", "steps", "last", "since", "steps_since", "selected", "admit", "final")
+    FIELDS = ("rid", "ctx", "finish", "steps", "last", "since", "steps_since", "selected", "admit", "final", "idle")
     # rid: request id; ctx: tokens with positions (prompt + committed output); finish: ctx at which
     # the request is done; steps: verification steps taken; last: tokens the previous step
     # committed; since / steps_since: SpecPV tokens and partial steps since the last refresh;
     # selected: SpecPV partial cache holds a selection (0/1); admit: admission order (preemption);
-    # final: SpecPV rectify's last check before the request ends is due (0/1).
+    # final: SpecPV rectify's last check before the request ends is due (0/1); idle: a static
+    # batch's row whose request is done but which runs on, padding, until the batch ends (0/1).
 
     def __init__(self, capacity: int):
         self.n = 0
@@ -75,7 +76,7 @@ class _DecodeSlots:
             setattr(self, name, self.state[row])
 
     def add(self, rid: int, ctx: int, finish: int, admit: int) -> None:
-        self.state[:, self.n] = (rid, ctx, finish, 0, 1, 0, 0, 0, admit, 0)
+        self.state[:, self.n] = (rid, ctx, finish, 0, 1, 0, 0, 0, admit, 0, 0)
         self.n += 1
 
     def remove(self, i: int) -> None:
@@ -324,11 +325,17 @@ class PipelineSimulation:
         record.decoding.append(n)
         if n:
             ctx = s.ctx[:n]
+            # A static batch's finished rows run on as padding and commit nothing.
+            idle = s.idle[:n] == 1 if self.static else None
+            padding = idle is not None and np.count_nonzero(idle)
             if self.speculative:
                 committed, grown = self.acceptance.draw(n, s.rid[:n] if self.rids_for_draw else None,
                                                         s.steps[:n] if self.track_steps else None,
                                                         ctx if self.context_for_draw else None)
-                record.committed.append(committed)
+                if padding:
+                    committed = np.where(idle, 0, committed)
+                    grown = int(committed.sum())
+                record.committed.append(committed[~idle] if padding else committed)
                 if self.track_steps:
                     s.steps[:n] += 1
                 if self.track_last:
@@ -337,12 +344,15 @@ class PipelineSimulation:
                 if self.partial is not None:
                     committed = self.apply_partial_verify(n, committed, plan)
                     grown = int(committed.sum())
+            elif padding:
+                committed = np.where(idle, 0, 1)
+                grown = int(committed.sum())
             else:
                 committed = 1
                 grown = n
             if not chunks:
                 # Output tokens only: a step may commit past a request's last token.
-                record.decode_only_tokens += int(np.minimum(committed, s.finish[:n] - ctx).sum())
+                record.decode_only_tokens += int(np.minimum(committed, np.maximum(s.finish[:n] - ctx, 0)).sum())
             ctx += committed
             self.ctx_sum += grown
             self.kv_used_tokens += grown
@@ -355,7 +365,9 @@ class PipelineSimulation:
                     s.selected[:n][unchecked] = 0
                     s.final[:n][unchecked] = 1
                     done &= ~unchecked
-            if np.count_nonzero(done):      # far cheaper than done.any() on small arrays
+            if self.static:
+                self.finish_static(now, done)
+            elif np.count_nonzero(done):      # far cheaper than done.any() on small arrays
                 self.finish_requests(now, done.nonzero()[0])
         if chunks:
             for entry, chunk in chunks:
@@ -451,6 +463,28 @@ class PipelineSimulation:
             self.finished += 1
             if closed:
                 self.arrive_next_closed()
+
+    def finish_static(self, now: float, done: np.ndarray) -> None:
+        """A static batch: requests that reached their output length are done now, but their rows
+        run on (idle) until every row of the batch is done; then the batch leaves together."""
+        s, record = self.slots, self.record
+        n = s.n
+        newly = done & (s.idle[:n] == 0)
+        if np.count_nonzero(newly):
+            pv = self.partial
+            if pv is not None and pv.rectify:
+                p = disagreement_probability(pv.disagreement, pv.budget, pv.static_tokens, s.ctx[:n][newly])
+                record.divergent_tokens += float((p * s.since[:n][newly]).sum())
+            closed = self.requests.closed_concurrency is not None
+            for rid in s.rid[:n][newly].tolist():
+                record.finish_s[rid] = now
+                self.finished += 1
+                if closed:
+                    self.arrive_next_closed()
+            s.idle[:n][newly] = 1
+        if n and np.count_nonzero(s.idle[:n]) == n:
+            for i in range(n - 1, -1, -1):
+                self.release_slot(i)
 
     # ---- the engine process ---------------------------------------------------------------------
     def serve(self):

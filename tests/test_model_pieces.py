@@ -223,3 +223,17 @@ def test_expert_parallelism_pays_for_the_busiest_gpu():
     assert placed.routed_time_s(4096) == pytest.approx(split.routed_time_s(4096), rel=0.01)
     with pytest.raises(Exception, match="expert_parallel: llama-3.1-8b has no experts"):
         scenario(expert_parallel=True)
+
+
+def test_static_batch_rows_run_on_until_the_batch_ends():
+    from sim.simulate import plan, run_pipeline
+
+    s = load_scenario({"hardware": "h100-sxm", "model": "llama-3.1-8b", "scheduler": {"batching": "static"},
+                       "workload": {"concurrency": 2, "requests": 2, "prompt_tokens": 64, "output_tokens": [8, 32]}})
+    requests, planned = plan(s)
+    _, config, stacks, memory = planned[0]
+    record, _ = run_pipeline(config, requests, stacks, memory)
+    # One prefill, then 31 steps; the first request is done after 7 of them but its row runs on.
+    assert record.decoding[1:] == [2] * 31
+    assert record.finish_s[0] < record.finish_s[1]
+    assert record.decode_only_tokens == 7 + 31

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from sim.formats.provenance import REPO_ROOT
+from sim.formats.provenance import REPO_ROOT, read_results_csv
 
 PUBLISHED = REPO_ROOT / "validation/published/errors.csv"
 CPU_LIVE = REPO_ROOT / "validation/cpu-default/validation.csv"
@@ -52,7 +52,7 @@ def hardware_class(name: str) -> str:
     return "geforce" if name.startswith("rtx") else "datacenter"
 
 
-def distance(a: Reference, hardware: str, family: str, batch: float, context: float) -> float:
+def distance(a: Reference, family: str, batch: float, context: float) -> float:
     """0 for the same regime; a different method family counts 1, a factor of 4 in batch or context 1."""
     return ((a.family != family) + abs(math.log2(max(a.batch, 1) / max(batch, 1))) / 2
             + abs(math.log2(max(a.context, 1) / max(context, 1))) / 2)
@@ -62,17 +62,15 @@ def distance(a: Reference, hardware: str, family: str, batch: float, context: fl
 def references() -> tuple[Reference, ...]:
     """Every validated case with a scored speedup error, from the committed tables (none when the
     tables are not there, e.g. an installed copy without the repository)."""
-    import pandas as pd
-
     def published() -> list[Reference]:
-        frame = pd.read_csv(PUBLISHED, skiprows=1)
+        frame = read_results_csv(PUBLISHED)
         return [Reference(r.case, hardware_class(r.hardware), FAMILIES[r.method],
                           float(r.batch) if r.batch == r.batch else 16.0,
                           float(r.prompt_tokens) if r.prompt_tokens == r.prompt_tokens else 256.0, abs(float(r.error)))
                 for r in frame[(frame.half == "held") & (frame.role == "predicted")].itertuples()]
 
     def cpu_live() -> list[Reference]:
-        frame = pd.read_csv(CPU_LIVE, skiprows=1)
+        frame = read_results_csv(CPU_LIVE)
         fitted = frame[(frame.prediction == "fitted") & frame.speedup_error.notna()]
         return [Reference(r.run, "cpu", FAMILIES.get(r.method, "self"), float(r.batch), float(r.context),
                           abs(float(r.speedup_error))) for r in fitted.itertuples()]
@@ -98,7 +96,7 @@ def speedup_band(scenario, speedup: float) -> Band | None:
     prompt = work.prompt_tokens
     context = float(prompt if isinstance(prompt, int) else sum(prompt) / len(prompt) if isinstance(prompt, list)
                     else prompt.mean)
-    near = sorted(((distance(r, hardware, family, batch, context), r) for r in references()
+    near = sorted(((distance(r, family, batch, context), r) for r in references()
                    if r.hardware_class == hardware), key=lambda t: (t[0], t[1].case))
     near = [r for d, r in near if d <= REACH][:NEAREST]
     if not near:

@@ -350,13 +350,17 @@ class PipelineSimulation:
             else:
                 committed = 1
                 grown = n
-            if not chunks:
-                # Output tokens only: a step may commit past a request's last token.
-                record.decode_only_tokens += int(np.minimum(committed, np.maximum(s.finish[:n] - ctx, 0)).sum())
             ctx += committed
             self.ctx_sum += grown
             self.kv_used_tokens += grown
             done = ctx >= s.finish[:n]
+            if not chunks:
+                record.decode_only_tokens += grown
+                if self.speculative and np.count_nonzero(done):
+                    # Output tokens only: a step may commit past a request's last token (only a
+                    # request at or past its end can), ctx - max(finish, ctx before the step).
+                    ended = ctx[done]
+                    record.decode_only_tokens -= int((ended - np.maximum(s.finish[:n][done], ended - committed[done])).sum())
             if self.final_check and np.count_nonzero(done):
                 # Rectify is lossless: tokens accepted under partial attention since the last
                 # refresh are re-checked by one more full verification before the request ends.

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -118,7 +119,6 @@ class Result:
     memory: dict
     partial_verify: dict | None
     provenance: dict
-    speedup_band: object | None = None    # sim.bands.Band: the error of comparable validated cases
 
     @property
     def run(self) -> RunMetrics:
@@ -131,6 +131,17 @@ class Result:
     @property
     def speedup(self) -> float:
         return self.run.throughput_tok_s / self.baseline.throughput_tok_s
+
+    @cached_property
+    def speedup_band(self):
+        """sim.bands.Band: the error of the validated cases nearest in regime, or None (no
+        speculation, or no comparable case). Found on first use: sweeps and `sim run` show it,
+        the simulations inside a search (anchors, capacity) never ask."""
+        if self.speculative is None:
+            return None
+        from sim.bands import speedup_band
+
+        return speedup_band(self.scenario, self.speedup)
 
     @property
     def decode_speedup(self) -> float:

@@ -77,13 +77,8 @@ def simulate(scenario: Scenario | dict | str | Path, acceptance=None, baseline_c
             "full_verifications": record.full_verifications,
         }
     speculative = runs["speculative"][1] if "speculative" in runs else None
-    result = Result(scenario, speculative, runs["baseline"][1], memory_info, partial_info,
-                    provenance(scenario, warnings))
-    if speculative is not None:
-        from sim.bands import speedup_band
-
-        result.speedup_band = speedup_band(scenario, result.speedup)
-    return result
+    return Result(scenario, speculative, runs["baseline"][1], memory_info, partial_info,
+                  provenance(scenario, warnings))
 
 
 

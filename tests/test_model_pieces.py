@@ -108,6 +108,10 @@ def test_eagle_heads_and_tree_topk():
                                                       "num_speculative_tokens": 1}})).draft
     assert mtp.experts is not None and mtp.latent is not None and mtp.layers == 1
     assert mtp.moe_layers == 1 and mtp.dense_layers == 0      # the next-n layer is an MoE layer
+    deeper = build_stacks(load_scenario({"hardware": "h200", "model": "deepseek-v3", "tensor_parallel": 8,
+                                         "speculation": {"method": "mtp", "draft": {"layers": 2},
+                                                         "acceptance": {"tokens_per_step": 1.8}}})).draft
+    assert deeper.layers == 2                                  # draft.layers, when given, wins
 
 
 def test_static_batches_wait_for_the_whole_batch():

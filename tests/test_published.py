@@ -13,7 +13,8 @@ from sim.bands import speedup_band
 from sim.errors import InputError
 from sim.scenario import load_scenario
 from sim.validate.published.catalogue import load_catalogue
-from sim.validate.published.predict import predict_catalogue, solve_anchor, summarize
+from sim.validate.published.predict import predict_catalogue, solve_anchor
+from sim.validate.published.report import predictions_frame, summarize
 
 REPO = Path(__file__).resolve().parents[1]
 CATALOGUE = REPO / "validation/published"
@@ -54,7 +55,7 @@ def test_anchor_reproduces_its_measurement():
 
 def test_summary_splits_the_halves():
     catalogue = load_catalogue(CATALOGUE)
-    summary = summarize(predict_catalogue(catalogue))
+    summary = summarize(predictions_frame(predict_catalogue(catalogue)))
     assert set(summary) == {"fit", "held"}
     assert summary["held"]["sources"] >= 5 and summary["fit"]["cases"] >= 20
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from sim.scenario.presets import Experts, Latent, ModelSpec
+from sim.scenario.presets.models import dense_linears, mean_layer_params, moe_linears
 from sim.scenario.schema import Scenario
 
 
@@ -33,30 +34,14 @@ class Stack:
     latent: Latent | None = None    # multi-head latent attention instead of GQA
 
     @property
-    def attention_linears(self) -> tuple[tuple[str, int, int], ...]:
-        if self.latent is None:
-            return (("qkv", self.hidden, (self.heads + 2 * self.kv_heads) * self.head_dim),
-                    ("o", self.heads * self.head_dim, self.hidden))
-        a = self.latent
-        q_out = self.heads * (a.nope_dim + a.rope_dim)
-        q = (("q_a", self.hidden, a.q_rank), ("q_b", a.q_rank, q_out)) if a.q_rank else (("q", self.hidden, q_out),)
-        # kv_b's up-projection is absorbed into the query and output sides in decode (DeepSeek's
-        # MLA kernels): its weights are still read once per forward.
-        return (*q, ("kv_a", self.hidden, a.kv_rank + a.rope_dim),
-                ("kv_b", a.kv_rank, self.heads * (a.nope_dim + a.v_dim)), ("o", self.heads * a.v_dim, self.hidden))
-
-    @property
     def linears(self) -> tuple[tuple[str, int, int], ...]:
         """A dense decoder layer's linear operators as (name, in, out)."""
-        return (*self.attention_linears, ("gate_up", self.hidden, 2 * self.ffn), ("down", self.ffn, self.hidden))
+        return dense_linears(self)
 
     @property
     def moe_linears(self) -> tuple[tuple[str, int, int], ...]:
         """A mixture-of-experts layer's linears every token runs: attention, router, shared experts."""
-        e = self.experts
-        shared = (("shared_gate_up", self.hidden, 2 * e.ffn * e.shared), ("shared_down", e.ffn * e.shared, self.hidden)) \
-            if e.shared else ()
-        return (*self.attention_linears, ("router", self.hidden, e.routed), *shared)
+        return moe_linears(self)
 
     @property
     def dense_layers(self) -> int:
@@ -67,17 +52,9 @@ class Stack:
         return self.layers - self.dense_layers
 
     @property
-    def expert_params(self) -> int:
-        return 3 * self.hidden * self.experts.ffn
-
-    @property
     def layer_weight_params(self) -> int:
         """An average layer's weights (every routed expert counted): what residency and offloading hold."""
-        dense = sum(i * o for _, i, o in self.linears)
-        if self.experts is None or not self.layers:
-            return dense
-        moe = sum(i * o for _, i, o in self.moe_linears) + self.experts.routed * self.expert_params
-        return round((self.dense_layers * dense + self.moe_layers * moe) / self.layers)
+        return mean_layer_params(self, self.layers)
 
     def layer_weight_bytes(self) -> float:
         return self.layer_weight_params * self.weight_bytes
@@ -127,7 +104,9 @@ def build_stacks(scenario: Scenario) -> Stacks:
         abytes = scenario.dtype_bytes
         if method == "mtp":
             experts = None if model.experts is None else replace(model.experts, dense_layers=0)
-            head = stack_of(model, method, wbytes, layers=draft.layers, lm_head_vocab=vocab,
+            # The model's own next-n layers unless the scenario sets draft.layers.
+            layers = draft.layers if "layers" in draft.model_fields_set else (model.mtp_layers or draft.layers)
+            head = stack_of(model, method, wbytes, layers=layers, lm_head_vocab=vocab,
                             extra_linears=extra, experts=experts)
         else:
             head = stack_of(model, method, abytes, layers=draft.layers, lm_head_vocab=vocab,

@@ -48,3 +48,13 @@ def repo_relative(path: str | Path | None) -> str | None:
         return absolute.relative_to(REPO_ROOT).as_posix()
     except ValueError:
         return Path(os.path.relpath(absolute, REPO_ROOT)).as_posix()
+
+
+def read_results_csv(path: str | Path):
+    """A results table written with its provenance as a first `# provenance:` comment line
+    (validation.csv, errors.csv), as a DataFrame. OSError or ValueError when unreadable."""
+    import pandas as pd
+
+    with open(path) as handle:
+        skip = 1 if handle.readline().startswith("#") else 0
+    return pd.read_csv(path, skiprows=skip)

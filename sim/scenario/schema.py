@@ -394,12 +394,16 @@ def resolve_model(value: str, field: str) -> ModelSpec:
                                f"(known: {', '.join(MODELS)})")
 
 
+# Hardware fields that may be null (gemm_corner: the plain roofline) or 0 (fp8_tflops: no FP8
+# tensor cores) besides a positive number.
+NULLABLE = {"gemm_corner"}
+ZERO_OK = {"fp8_tflops"}
+
+
 def _check_positive_numbers(prefix: str, mapping: dict) -> None:
     for key, number in mapping.items():
-        if key in ("name", "interconnect") or (key == "gemm_corner" and number is None):
-            continue     # gemm_corner: null is the plain roofline
-        if key == "fp8_tflops" and _is_finite_number(number) and number == 0:
-            continue     # no fp8 tensor cores
+        if key in ("name", "interconnect") or (number is None and key in NULLABLE) or (key in ZERO_OK and _is_finite_number(number) and number == 0):
+            continue
         if not _is_finite_number(number) or number <= 0:
             raise InputError(f"{prefix}.{key}", f"must be a positive number (got {number!r})")
 

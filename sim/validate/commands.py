@@ -72,16 +72,16 @@ def validate_published(catalogue: Path, out: Path | None = None, docs: Path | No
     import time
 
     from sim.validate.published.catalogue import load_catalogue
-    from sim.validate.published.predict import predict_catalogue, summarize
-    from sim.validate.published.report import csv_text, markdown_tables, parity_html, predictions_frame
+    from sim.validate.published.predict import predict_catalogue
+    from sim.validate.published.report import csv_text, markdown_tables, parity_html, predictions_frame, summarize
 
     started = time.perf_counter()
     loaded = load_catalogue(catalogue)
     predictions = predict_catalogue(loaded, progress=True)
-    summary = summarize(predictions)
+    frame = predictions_frame(predictions)
+    summary = summarize(frame)
     elapsed = time.perf_counter() - started
     out = catalogue if out is None else out
-    frame = predictions_frame(predictions)
     provenance = {"catalogue": repo_relative(catalogue), "cases": len(predictions), "sources": len(loaded.sources),
                   "fit": loaded.halves.fit, "cost_model": "roofline", "git_revision": git_revision(),
                   "versions": versions(), "seed": 0}
@@ -96,7 +96,7 @@ def validate_published(catalogue: Path, out: Path | None = None, docs: Path | No
                         *(["--out", repo_relative(out)] if out != catalogue else []),
                         *(["--docs", repo_relative(docs)] if docs is not None else [])])
     if docs is not None:
-        update_docs(docs, "published", markdown_tables(predictions, summary, command))
+        update_docs(docs, "published", markdown_tables(frame, summary, command))
     if scenarios is not None:
         write_case_scenarios(scenarios, loaded, predictions)
     for half, s in summary.items():

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from sim.errors import InputError
+from sim.formats.provenance import read_results_csv
 
 if TYPE_CHECKING:
     from sim.validate.compare import Comparison
@@ -60,10 +61,9 @@ def parity_html(rows: list[Comparison], title: str) -> str:
 
 
 def read_validation(path: Path) -> pd.DataFrame:
-    """A validation.csv written by `sim validate` (its first line is a provenance comment)."""
+    """A validation.csv or errors.csv written by `sim validate` (its first line is a provenance
+    comment)."""
     try:
-        with open(path) as handle:
-            skip = 1 if handle.readline().startswith("#") else 0
-        return pd.read_csv(path, skiprows=skip)
+        return read_results_csv(path)
     except (OSError, ValueError) as exc:
         raise InputError("--validation", f"cannot read {path}: {exc}") from None

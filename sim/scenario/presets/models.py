@@ -56,46 +56,15 @@ class ModelSpec:
     mtp_layers: int = 0          # next-n prediction layers shipped with the model (DeepSeek-V3, GLM-4.5)
 
     @property
-    def attention_params(self) -> int:
-        """One layer's attention projections."""
-        if self.latent is not None:
-            a = self.latent
-            q_out = self.heads * (a.nope_dim + a.rope_dim)
-            q = self.hidden * q_out if not a.q_rank else self.hidden * a.q_rank + a.q_rank * q_out
-            kv = self.hidden * (a.kv_rank + a.rope_dim) + a.kv_rank * self.heads * (a.nope_dim + a.v_dim)
-            return q + kv + self.heads * a.v_dim * self.hidden
-        qkv = self.hidden * (self.heads + 2 * self.kv_heads) * self.head_dim
-        return qkv + self.heads * self.head_dim * self.hidden
-
-    @property
-    def moe_layers(self) -> int:
-        return 0 if self.experts is None else self.layers - self.experts.dense_layers
-
-    @property
-    def expert_params(self) -> int:
-        """One routed (or shared) expert: gate, up and down."""
-        return 0 if self.experts is None else 3 * self.hidden * self.experts.ffn
-
-    @property
     def decoder_layer_params(self) -> int:
         """Parameters of an average decoder layer's linear weights (norm weights are negligible):
         attention plus the dense MLP, or router, shared and every routed expert."""
-        dense = self.attention_params + 3 * self.hidden * self.ffn
-        if self.experts is None:
-            return dense
-        e = self.experts
-        moe = self.attention_params + self.hidden * e.routed + (e.routed + e.shared) * self.expert_params
-        return round((e.dense_layers * dense + self.moe_layers * moe) / self.layers)
+        return mean_layer_params(self, self.layers)
 
     @property
     def active_layer_params(self) -> int:
         """An average layer's weights one token reads (its top_k routed experts only)."""
-        if self.experts is None:
-            return self.decoder_layer_params
-        e = self.experts
-        dense = self.attention_params + 3 * self.hidden * self.ffn
-        moe = self.attention_params + self.hidden * e.routed + (e.top_k + e.shared) * self.expert_params
-        return round((e.dense_layers * dense + self.moe_layers * moe) / self.layers)
+        return mean_layer_params(self, self.layers, routed=None if self.experts is None else self.experts.top_k)
 
     @property
     def embedding_params(self) -> int:
@@ -105,6 +74,47 @@ class ModelSpec:
     @property
     def params(self) -> int:
         return self.layers * self.decoder_layer_params + self.embedding_params
+
+
+# A layer's linear operators as (name, in, out), for any shape with hidden, heads, kv_heads,
+# head_dim, ffn, experts and latent (a ModelSpec, or a cost stack built from one).
+
+def attention_linears(shape) -> tuple[tuple[str, int, int], ...]:
+    if shape.latent is None:
+        return (("qkv", shape.hidden, (shape.heads + 2 * shape.kv_heads) * shape.head_dim),
+                ("o", shape.heads * shape.head_dim, shape.hidden))
+    a = shape.latent
+    q_out = shape.heads * (a.nope_dim + a.rope_dim)
+    q = (("q_a", shape.hidden, a.q_rank), ("q_b", a.q_rank, q_out)) if a.q_rank else (("q", shape.hidden, q_out),)
+    # kv_b's up-projection is absorbed into the query and output sides in decode (DeepSeek's MLA
+    # kernels): its weights are still read once per forward.
+    return (*q, ("kv_a", shape.hidden, a.kv_rank + a.rope_dim),
+            ("kv_b", a.kv_rank, shape.heads * (a.nope_dim + a.v_dim)), ("o", shape.heads * a.v_dim, shape.hidden))
+
+
+def dense_linears(shape) -> tuple[tuple[str, int, int], ...]:
+    """A dense decoder layer: attention and a SwiGLU MLP of width ffn."""
+    return (*attention_linears(shape), ("gate_up", shape.hidden, 2 * shape.ffn), ("down", shape.ffn, shape.hidden))
+
+
+def moe_linears(shape) -> tuple[tuple[str, int, int], ...]:
+    """A mixture-of-experts layer's linears every token runs: attention, router, shared experts."""
+    e = shape.experts
+    shared = (("shared_gate_up", shape.hidden, 2 * e.ffn * e.shared), ("shared_down", e.ffn * e.shared, shape.hidden)) \
+        if e.shared else ()
+    return (*attention_linears(shape), ("router", shape.hidden, e.routed), *shared)
+
+
+def mean_layer_params(shape, layers: int, routed: int | None = None) -> int:
+    """Weights of an average one of `layers` decoder layers, the first experts.dense_layers of them
+    dense; `routed` routed experts counted per MoE layer (default: all of them)."""
+    dense = sum(i * o for _, i, o in dense_linears(shape))
+    e = shape.experts
+    if e is None or not layers:
+        return dense
+    dense_layers = min(layers, e.dense_layers)
+    moe = sum(i * o for _, i, o in moe_linears(shape)) + (e.routed if routed is None else routed) * 3 * shape.hidden * e.ffn
+    return round((dense_layers * dense + (layers - dense_layers) * moe) / layers)
 
 
 def _m(name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, tied, max_context, **kw) -> ModelSpec:

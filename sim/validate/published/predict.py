@@ -125,24 +125,3 @@ def predict_catalogue(catalogue: Catalogue, progress: bool = False) -> list[Pred
         predictions.append(prediction)
     index = {e.case.id: i for i, e in enumerate(catalogue.entries)}
     return sorted(predictions, key=lambda p: index[p.entry.case.id])
-
-
-def summarize(predictions: list[Prediction]) -> dict[str, dict]:
-    """Per half: scored cases, median and P90 |error|, worst, and how many cases whose measured
-    speedup is more than 10% from 1 are predicted on the other side of 1."""
-    import numpy as np
-
-    out = {}
-    for half in ("fit", "held"):
-        scored = [p for p in predictions if p.entry.half == half and p.role == "predicted"]
-        if not scored:
-            continue
-        errors = np.abs([p.error for p in scored])
-        decisive = [p for p in scored if abs(p.measured - 1) > 0.10]
-        wrong_side = [p.entry.case.id for p in decisive if (p.measured - 1) * (p.predicted - 1) <= 0]
-        out[half] = {"cases": len(scored), "anchors": sum(1 for p in predictions if p.entry.half == half and p.role == "anchor"),
-                     "sources": len({p.entry.source.id for p in scored}),
-                     "median_abs_error": float(np.median(errors)), "p90_abs_error": float(np.percentile(errors, 90)),
-                     "worst_abs_error": float(errors.max()), "decisive": len(decisive), "wrong_side": wrong_side,
-                     "slowest_case_s": max(p.seconds for p in predictions if p.entry.half == half)}
-    return out

@@ -17,22 +17,36 @@ def predictions_frame(predictions: list[Prediction]) -> pd.DataFrame:
 def read_published(path=None) -> pd.DataFrame | None:
     """The committed errors.csv of the published catalogue, or None where there is none."""
     from sim.bands import PUBLISHED
+    from sim.validate.parity import read_validation
 
     path = PUBLISHED if path is None else path
-    if not path.exists():
-        return None
-    return pd.read_csv(path, skiprows=1)
+    return read_validation(path) if path.exists() else None
+
+
+def summarize(frame: pd.DataFrame) -> dict[str, dict]:
+    """Per half of an errors.csv frame: scored cases and their sources, anchors, median, P90 and
+    worst |error|, and which cases whose measured speedup is more than 10% from 1 are predicted
+    on the other side of 1."""
+    out = {}
+    for half in ("fit", "held"):
+        mine = frame[frame.half == half]
+        scored = mine[mine.role == "predicted"]
+        if scored.empty:
+            continue
+        errors = scored.error.abs()
+        decisive = scored[(scored.measured_speedup - 1).abs() > 0.10]
+        wrong = decisive[(decisive.measured_speedup - 1) * (decisive.predicted_speedup - 1) <= 0]
+        out[half] = {"cases": len(scored), "anchors": int((mine.role == "anchor").sum()),
+                     "sources": scored.source.nunique(), "median_abs_error": float(errors.median()),
+                     "p90_abs_error": float(errors.quantile(0.9)), "worst_abs_error": float(errors.max()),
+                     "decisive": len(decisive), "wrong_side": list(wrong.case)}
+    return out
 
 
 def halves_text(frame: pd.DataFrame) -> str:
     """Each half's scored cases and median / P90 |error|, in words."""
-    parts = []
-    for half in ("held", "fit"):
-        errors = frame[(frame.half == half) & (frame.role == "predicted")].error.abs()
-        if len(errors):
-            parts.append(f"{half} half: {len(errors)} cases, median |error| {errors.median():.1%}, "
-                         f"P90 {errors.quantile(0.9):.1%}")
-    return "; ".join(parts)
+    return "; ".join(f"{half} half: {s['cases']} cases, median |error| {s['median_abs_error']:.1%}, "
+                     f"P90 {s['p90_abs_error']:.1%}" for half, s in sorted(summarize(frame).items(), key=lambda t: t[0] != "held"))
 
 
 def parity_html(frame: pd.DataFrame, title: str) -> str:
@@ -74,7 +88,7 @@ def csv_text(frame: pd.DataFrame, provenance: dict) -> str:
     return f"# provenance: {json.dumps(provenance)}\n" + frame.to_csv(index=False)
 
 
-def markdown_tables(predictions: list[Prediction], summary: dict, command: str) -> str:
+def markdown_tables(frame: pd.DataFrame, summary: dict, command: str) -> str:
     pct = lambda x: f"{x:.1%}"
     lines = [f"Reproduce: `{command}`", "",
              "| half | scored cases (sources) | anchors | median abs error | P90 | worst | measured >10% from 1: on the wrong side |",
@@ -86,22 +100,11 @@ def markdown_tables(predictions: list[Prediction], summary: dict, command: str) 
     lines += ["", "Per source (scored cases): median abs error, and the signed errors' range", "",
               "| source | half | cases | anchors | median abs error | error range | hardware | engine | method |",
               "|---|---|---|---|---|---|---|---|---|"]
-    by_source: dict[str, list[Prediction]] = {}
-    for p in predictions:
-        by_source.setdefault(p.entry.source.id, []).append(p)
-    for source, items in by_source.items():
-        scored = [p for p in items if p.role == "predicted"]
-        anchors = len(items) - len(scored)
-        cases = [p.entry.case for p in items]
-        hw = ", ".join(sorted({f"{c.gpus}x {c.hardware}" for c in cases}))
-        engines = ", ".join(sorted({c.engine for c in cases}))
-        methods = ", ".join(sorted({c.method for c in cases}))
-        if scored:
-            errors = sorted(p.error for p in scored)
-            median = sorted(abs(e) for e in errors)[len(errors) // 2] if len(errors) % 2 else \
-                sum(sorted(abs(e) for e in errors)[len(errors) // 2 - 1:len(errors) // 2 + 1]) / 2
-            cells = f"{pct(median)} | {errors[0]:+.0%} to {errors[-1]:+.0%}"
-        else:
-            cells = "- | -"
-        lines.append(f"| {source} | {items[0].entry.half} | {len(scored)} | {anchors} | {cells} | {hw} | {engines} | {methods} |")
+    for source, rows in frame.groupby("source", sort=False):
+        errors = rows[rows.role == "predicted"].error
+        listed = lambda values: ", ".join(sorted(set(values)))
+        cells = (f"{pct(errors.abs().median())} | {errors.min():+.0%} to {errors.max():+.0%}" if len(errors) else "- | -")
+        lines.append(f"| {source} | {rows.half.iloc[0]} | {len(errors)} | {len(rows) - len(errors)} | {cells} | "
+                     f"{listed(f'{g}x {h}' for g, h in zip(rows.gpus, rows.hardware))} | {listed(rows.engine)} | "
+                     f"{listed(rows.method)} |")
     return "\n".join(lines)

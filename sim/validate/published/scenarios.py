@@ -42,7 +42,7 @@ def case_scenario(entry: Entry, catalogue: Catalogue, acceptance: dict) -> dict:
         "hardware": hardware, "model": case.model, "dtype": case.dtype, "tensor_parallel": tp,
         "engine": case.engine, "workload": workload, "speculation": speculation(case, acceptance),
         "scheduler": {"batching": "static" if static else "continuous", "pad_ragged": static,
-                      "max_batch": max(w.batch or 256, 1), "prefill_chunk": 8192 if static else 2048},
+                      "max_batch": w.batch or 256, "prefill_chunk": 8192 if static else 2048},
         "seed": 0,
     }
 
@@ -56,7 +56,7 @@ def speculation(case, acceptance: dict) -> dict:
             tree["topk"] = p.tree.topk
         spec["tree"] = tree
     else:
-        spec["num_speculative_tokens"] = (p.tree.depth if p.tree is not None else p.num_speculative_tokens) or 3
+        spec["num_speculative_tokens"] = depth(case)
     draft = {}
     if p.draft_model is not None:
         draft["model"] = p.draft_model
@@ -70,8 +70,6 @@ def speculation(case, acceptance: dict) -> dict:
 
 
 def depth(case) -> int:
-    """The longest chain a step of the case can accept."""
+    """The longest chain a step of the case can accept (a tree's depth; 3 where nothing is stated)."""
     p = case.parameters
-    if p.tree is not None and (p.tree.tokens or 0) > p.tree.depth:
-        return p.tree.depth
     return (p.tree.depth if p.tree is not None else p.num_speculative_tokens) or 3

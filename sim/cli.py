@@ -4,6 +4,7 @@ python -m sim report RESULTS_DIR [--validation CSV] [--out FILE]
 python -m sim capacity SCENARIO [--set FIELD=VALUE ...] [--tolerance F] [--max-rate QPS] [--json]
 python -m sim validate RUN_DIR|CAMPAIGN_DIR... [--calibration DIR] [--out DIR] [--docs FILE]
 python -m sim validate --published [CATALOGUE] [--out DIR] [--docs FILE] [--scenarios DIR]
+python -m sim validate --published [CATALOGUE] --fit
 python -m sim fit-acceptance RUN_DIR|CAMPAIGN_DIR... [--vllm FILE ...] -o acceptance.yaml
 
 run: simulates a scenario with its speculation and without (the baseline), on the same requests and
@@ -16,7 +17,7 @@ capacity: the highest Poisson request rate meeting the scenario's SLOs, with and
 validate: predicts each `profiler live` run (or every run of a `profiler campaign` folder), replaying
 its acceptance and with acceptance fitted on the other runs, and reports the errors; with
 --published, predicts the catalogue of published GPU measurements (validation/published) instead
-(docs/validation.md).
+(docs/validation.md); --fit searches the presets' non-datasheet settings on its fit half alone.
 fit-acceptance: per drafter, the acceptance block of a scenario fitted on live runs (or vLLM's
 counters), and SpecPV's disagreement with full verification.
 
@@ -87,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
                                "validation/published): errors.csv and parity.html, fit and held half apart")
     validate.add_argument("--scenarios", type=Path, metavar="DIR",
                           help="with --published: also write each case's scenario as DIR/CASE.yaml (for sim run)")
+    validate.add_argument("--fit", action="store_true",
+                          help="with --published: search the GEMM corners and speculative host times on the fit "
+                               "half and print them (the presets hold the result)")
     validate.add_argument("--out", type=Path, help="write validation.csv and parity.html here (with --published: "
                                                    "errors.csv and parity.html; default the catalogue folder)")
     validate.add_argument("--docs", type=Path, help="with --out: replace the table between this Markdown file's "
@@ -132,7 +136,16 @@ def dispatch(args: argparse.Namespace) -> int:
             from sim.formats.provenance import REPO_ROOT
 
             catalogue = REPO_ROOT / "validation/published" if args.published == Path("-") else args.published
+            if args.fit:
+                if args.out is not None or args.docs is not None or args.scenarios is not None:
+                    raise InputError("--fit", "prints the fitted settings and writes nothing: give no --out, --docs "
+                                              "or --scenarios with it")
+                from sim.validate.commands import fit_published
+
+                return fit_published(catalogue)
             return validate_published(catalogue, out=args.out, docs=args.docs, scenarios=args.scenarios)
+        if args.fit:
+            raise InputError("--fit", "goes with --published")
         if not args.runs:
             raise InputError("RUN_DIR", "give run or campaign folders, or --published [CATALOGUE]")
         return validate(args.runs, calibration=args.calibration, out=args.out, docs=args.docs)

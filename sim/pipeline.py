@@ -108,6 +108,7 @@ class PipelineSimulation:
         self.replayed_lengths = getattr(acceptance, "verify_tokens", None) if self.speculative else None
         self.pad_ragged = scenario.scheduler.pad_ragged
         self.static = scenario.scheduler.batching == "static"
+        self.static_end_first = self.static and scenario.scheduler.static_end == "first"
         self.max_batch = min(scenario.scheduler.max_batch, memory.max_running or scenario.scheduler.max_batch)
         self.prefill_chunk = scenario.scheduler.prefill_chunk
         self.reserve_tokens = memory.partial_cache_tokens
@@ -123,7 +124,7 @@ class PipelineSimulation:
 
         n = len(requests)
         self.record = RunRecord(first_token_s=np.full(n, np.nan), finish_s=np.full(n, np.nan),
-                                arrival_s=requests.arrival_s.copy(), output_tokens=requests.output_tokens)
+                                arrival_s=requests.arrival_s.copy(), output_tokens=requests.output_tokens.copy())
         self.env = simpy.Environment()
         self.waiting: deque[int] = deque()
         self.prefilling: list[list[int]] = []   # [rid, tokens done, tokens to prefill]
@@ -470,10 +471,17 @@ class PipelineSimulation:
 
     def finish_static(self, now: float, done: np.ndarray) -> None:
         """A static batch: requests that reached their output length are done now, but their rows
-        run on (idle) until every row of the batch is done; then the batch leaves together."""
+        run on (idle) until every row of the batch is done; then the batch leaves together. With
+        static_end first, the first request done ends the batch: every row is done with the output
+        it has committed."""
         s, record = self.slots, self.record
         n = s.n
         newly = done & (s.idle[:n] == 0)
+        if self.static_end_first and np.count_nonzero(newly):
+            newly = s.idle[:n] == 0
+            rids = s.rid[:n][newly]
+            record.output_tokens[rids] = (np.minimum(s.ctx[:n][newly], s.finish[:n][newly])
+                                          - self.requests.prompt_tokens[rids])
         if np.count_nonzero(newly):
             pv = self.partial
             if pv is not None and pv.rectify:

@@ -91,8 +91,8 @@ def test_speculation_host_work():
                                                  "acceptance": {"tokens_per_step": 3}})
     shares = [0.0] * len(PHASES)
     seconds = RooflineCostModel(s).speculation_overhead(4, 5, shares)
-    assert seconds == pytest.approx(2e-3 + 5 * 2e-3)
-    assert shares[OVERHEAD] == pytest.approx(2e-3) and shares[DRAFT] == pytest.approx(10e-3)
+    assert seconds == pytest.approx(0.5e-3 + 5 * 1e-3)
+    assert shares[OVERHEAD] == pytest.approx(0.5e-3) and shares[DRAFT] == pytest.approx(5e-3)
     sglang = scenario(engine="sglang", speculation={"method": "eagle", "acceptance": {"tokens_per_step": 2}})
     assert RooflineCostModel(sglang).speculation_overhead(10, 3, [0.0] * len(PHASES)) == pytest.approx(10 * 20e-6)
 
@@ -241,3 +241,23 @@ def test_static_batch_rows_run_on_until_the_batch_ends():
     assert record.decoding[1:] == [2] * 31
     assert record.finish_s[0] < record.finish_s[1]
     assert record.decode_only_tokens == 7 + 31
+
+
+def test_static_batch_ending_at_its_first_finish_keeps_what_each_row_committed():
+    from sim.simulate import plan, run_pipeline
+
+    s = load_scenario({"hardware": "h100-sxm", "model": "llama-3.1-8b",
+                       "scheduler": {"batching": "static", "static_end": "first"},
+                       "workload": {"concurrency": 2, "requests": 4, "prompt_tokens": 64, "output_tokens": [8, 32]}})
+    requests, planned = plan(s)
+    _, config, stacks, memory = planned[0]
+    record, _ = run_pipeline(config, requests, stacks, memory)
+    # Each batch: one prefill, then 7 steps; the 8-token request ends the batch and the 32-token
+    # one leaves with the 8 tokens it has (the first at prefill, one per step).
+    assert record.decoding == [0] + [2] * 7 + [0] + [2] * 7
+    assert record.output_tokens.tolist() == [8, 8, 8, 8]
+    assert requests.output_tokens.tolist() == [8, 32, 8, 32]     # the workload itself is untouched
+    assert record.decode_only_tokens == 4 * 7
+    assert record.finish_s[0] == record.finish_s[1] < record.finish_s[2] == record.finish_s[3]
+    with pytest.raises(Exception, match="static_end applies to batching: static"):
+        load_scenario({"scheduler": {"static_end": "first"}})

@@ -112,7 +112,37 @@ def test_speedup_bands_come_from_comparable_cases():
 @pytest.mark.parametrize("args, message", [
     (["--published", "no/such/folder"], "--published: no/such/folder is not a catalogue folder"),
     (["--published", str(CATALOGUE), "--calibration", "calibration/cpu/smollm2-135m"], "give no RUN_DIR or --calibration"),
+    (["--published", str(CATALOGUE), "--fit", "--out", "x"], "--fit: prints the fitted settings and writes nothing"),
+    (["runs/x", "--fit"], "--fit: goes with --published"),
 ])
 def test_published_command_refuses_bad_arguments(args, message):
     proc = subprocess.run([sys.executable, "-m", "sim", "validate", *args], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_fit_recovers_the_setting_a_measurement_was_made_with(tmp_path):
+    """One fit-half case whose 'measurement' is the model's own prediction at GEMM corner 2: the
+    search, started from another grid point, must land on 2 with no error left."""
+    from sim.validate.published.fit import Knob, fit_settings
+
+    root = copy_catalogue(tmp_path)
+    keep = "specbench-rtx3090-vicuna-7b-eagle"
+    for path in (root / "sources").glob("*.yaml"):
+        if path.stem != "specbench":
+            path.unlink()
+    halves = yaml.safe_load((root / "catalogue.yaml").read_text())
+    (root / "catalogue.yaml").write_text(yaml.safe_dump(halves | {"fit": ["specbench"]}))
+    path = root / "sources/specbench.yaml"
+    document = yaml.safe_load(path.read_text())
+    document["cases"] = [c for c in document["cases"] if c["id"] == keep]
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    knob = Knob("corner", "hardware", ("rtx-3090",), "gemm_corner", (1.0, 2.0, 64.0))
+    predicted = {v: predict_catalogue(load_catalogue(root), half="fit", settings=knob.settings(v))[0].predicted
+                 for v in knob.grid}
+    assert len(set(predicted.values())) == 3            # the knob moves this case's prediction
+    document["cases"][0]["speedup"] = float(predicted[2.0])
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    result = fit_settings(load_catalogue(root), (knob,), workers=1, log=lambda line: None)
+    assert result.values == {"corner": 2.0}
+    assert result.score.mean_abs_error == pytest.approx(0.0, abs=1e-9)
+    assert result.presets_score.mean_abs_error > 0.0

@@ -240,6 +240,17 @@ class Scheduler(Strict):
     # its prompts prefilled in one forward, and decoded until its last request finishes before the
     # next batch starts (gpt-fast, Hugging Face generate, the papers' own loops, `profiler live`).
     batching: Literal["continuous", "static"] = "continuous"
+    # How a static batch ends. last: when its last request is done, finished rows running on as
+    # padding (Hugging Face generate, gpt-fast, EAGLE's batch loop). first: as soon as one request
+    # reaches its output length, every row keeping what it committed so far (benchmark loops that
+    # time a fixed number of new tokens per batch: MagicDec's and TriForce's).
+    static_end: Literal["last", "first"] = "last"
+
+    @model_validator(mode="after")
+    def _check_static_end(self):
+        if self.static_end != "last" and self.batching != "static":
+            raise ValueError("static_end applies to batching: static")
+        return self
 
 
 class Slo(Strict):

@@ -108,6 +108,24 @@ def validate_published(catalogue: Path, out: Path | None = None, docs: Path | No
     return 0
 
 
+def fit_published(catalogue: Path) -> int:
+    """Search the presets' non-datasheet settings on the catalogue's fit half and print them beside
+    the presets' own values (sim/validate/published/fit.py)."""
+    import time
+
+    from sim.validate.published.catalogue import load_catalogue
+    from sim.validate.published.fit import KNOBS, fit_settings
+
+    started = time.perf_counter()
+    result = fit_settings(load_catalogue(catalogue))
+    print(f"\nfitted on the fit half in {result.rounds} rounds, {time.perf_counter() - started:.0f} s:")
+    for knob in KNOBS:
+        print(f"  {knob.name}: {result.values[knob.name]:g} (preset {knob.current():g})")
+    for label, score in (("fitted", result.score), ("presets", result.presets_score)):
+        print(f"fit half at the {label} values: {score}")
+    return 0
+
+
 def write_case_scenarios(folder: Path, catalogue, predictions) -> None:
     """Each case's scenario mapping as FOLDER/CASE.yaml, the folder replaced whole."""
     from sim.formats.files import write_folder_atomic

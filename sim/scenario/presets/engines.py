@@ -60,7 +60,7 @@ ENGINES: dict[str, EngineSpec] = {
                        ngram_lookup_s=15e-6),
     # SGLang with CUDA graphs and an overlapped scheduler: slightly less host time per step.
     # speculation_request_overhead_s set on the published catalogue's fit half (EAGLE-3's SGLang
-    # table, batch 2-64 on an H100).
+    # table, batch 2-64 on an H100) by `python -m sim validate --published --fit`.
     "sglang": EngineSpec("sglang", mem_efficiency=0.82, compute_efficiency=0.65, step_overhead_s=200e-6,
                          request_overhead_s=4e-6, forward_overhead_s=30e-6, layer_overhead_s=0.0,
                          ngram_lookup_s=15e-6, speculation_request_overhead_s=20e-6),
@@ -75,10 +75,13 @@ ENGINES: dict[str, EngineSpec] = {
                            ngram_lookup_s=20e-6),
     # Hugging Face transformers in eager mode: every kernel launched from Python, so each decoder layer
     # costs a few hundred microseconds of launch time at small batch; generate() adds per-step work.
+    # `sim validate --published --fit` searches layer_overhead_s and both efficiencies on the fit half
+    # and keeps these values.
     "hf-eager": EngineSpec("hf-eager", mem_efficiency=0.60, compute_efficiency=0.50, step_overhead_s=1.5e-3,
                            request_overhead_s=20e-6, forward_overhead_s=300e-6, layer_overhead_s=250e-6,
                            ngram_lookup_s=50e-6, link_efficiency=0.75,
                        # Set on the published catalogue's fit half (Spec-Bench at batch 1 on an A100 and an
-                       # RTX 3090): the Python tree, candidate and acceptance code of the papers' loops.
-                       speculation_step_overhead_s=2e-3, draft_forward_overhead_s=2e-3),
+                       # RTX 3090) by `sim validate --published --fit`: the Python tree, candidate and
+                       # acceptance code of the papers' loops.
+                       speculation_step_overhead_s=0.5e-3, draft_forward_overhead_s=1e-3),
 }

@@ -51,13 +51,14 @@ class HardwareSpec:
         return replace(self, **fields)
 
 
-# GEMM corners (HardwareSpec.gemm_corner), set on the published catalogue's fit half
-# (validation/published, docs/validation.md): SGLang on an H100 across batch 2-64 gives p = 1 (weight
-# streaming and tensor-core work do not overlap at the small M of decode and verification), vLLM on
-# an RTX 3090 p = 2. Datacenter parts take the first, GeForce cards the second; no other class has
-# a fit case yet, so for A100, B200, MI300X and L40 the value is carried over, not measured.
+# GEMM corners (HardwareSpec.gemm_corner), set on the published catalogue's fit half by
+# `python -m sim validate --published --fit` (sim/validate/published/fit.py, docs/validation.md):
+# datacenter parts p = 1 (SGLang on an H100 across batch 2-64, Hugging Face loops on an A100: weight
+# streaming and tensor-core work do not overlap at the small M of decode and verification), GeForce
+# cards p = 1.25 (vLLM and Hugging Face loops on an RTX 3090). Only H100, A100 and RTX 3090 have fit
+# cases, so for B200, MI300X, L40 and the other GeForce cards the class's value is carried over.
 DATACENTER_CORNER = 1.0
-GEFORCE_CORNER = 2.0
+GEFORCE_CORNER = 1.25
 
 HARDWARE: dict[str, HardwareSpec] = {
     # NVIDIA H100 datasheet (SXM5 80GB): 3.35 TB/s HBM3, 989 TFLOPs dense BF16/FP16, 67 TFLOPs FP32,

@@ -90,6 +90,10 @@ class Case(Strict):
     method: Literal["ngram", "draft_model", "eagle", "eagle3", "mtp", "medusa", "streaming"]
     parameters: Parameters = Parameters()
     workload: CaseWorkload
+    # How the source's harness ends a static batch (scheduler.static_end): last, when its last row
+    # is done (generate-style loops); first, when one row reaches the output length, counting what
+    # every row committed (loops that time a fixed number of new tokens per batch).
+    batch_end: Literal["last", "first"] = "last"
     temperature: NonNegativeFloat = 0.0
     acceptance: MeasuredAcceptance | None = None
     metric: Literal[METRICS]

@@ -11,7 +11,7 @@ from scipy.optimize import brentq
 
 from sim.errors import InputError
 from sim.validate.published.catalogue import Catalogue, Entry
-from sim.validate.published.scenarios import case_scenario, depth
+from sim.validate.published.scenarios import Settings, case_scenario, depth
 
 # The rate an anchor may take: a geometric acceptance of 0.98 already commits nearly every draft.
 MAX_RATE = 0.98
@@ -55,23 +55,23 @@ def speedup_of(result, case) -> float:
     return spec.throughput_tok_s / base.throughput_tok_s
 
 
-def simulate_case(entry: Entry, catalogue: Catalogue, acceptance: dict):
+def simulate_case(entry: Entry, catalogue: Catalogue, acceptance: dict, settings: Settings | None = None):
     from sim.simulate import simulate
 
     try:
-        return simulate(case_scenario(entry, catalogue, acceptance))
+        return simulate(case_scenario(entry, catalogue, acceptance, settings))
     except InputError as exc:
         raise InputError(f"{entry.file}: case {entry.case.id}", f"cannot be simulated: {exc}") from None
 
 
-def solve_anchor(entry: Entry, catalogue: Catalogue) -> Prediction:
+def solve_anchor(entry: Entry, catalogue: Catalogue, settings: Settings | None = None) -> Prediction:
     """The per-token acceptance rate at which the simulated speedup equals the measured one."""
     started = time.perf_counter()
     case = entry.case
     evaluated: dict[float, tuple] = {}
 
     def gap(rate: float) -> float:
-        result = simulate_case(entry, catalogue, {"rate": rate})
+        result = simulate_case(entry, catalogue, {"rate": rate}, settings)
         evaluated[rate] = (result, speedup_of(result, case))
         return evaluated[rate][1] - case.speedup
 
@@ -93,9 +93,9 @@ def solve_anchor(entry: Entry, catalogue: Catalogue) -> Prediction:
                       time.perf_counter() - started, result.scenario.workload.prompt_tokens, note)
 
 
-def predict_case(entry: Entry, catalogue: Catalogue, acceptance: dict) -> Prediction:
+def predict_case(entry: Entry, catalogue: Catalogue, acceptance: dict, settings: Settings | None = None) -> Prediction:
     started = time.perf_counter()
-    result = simulate_case(entry, catalogue, acceptance)
+    result = simulate_case(entry, catalogue, acceptance, settings)
     return Prediction(entry, "predicted", entry.case.speedup, speedup_of(result, entry.case), acceptance,
                       result.speculative.tokens_per_step, time.perf_counter() - started, result.scenario.workload.prompt_tokens)
 
@@ -110,18 +110,21 @@ def acceptance_block(entry: Entry, anchors: dict[str, Prediction], by_id: dict[s
     return {"rate": anchors[source.id].acceptance["rate"]}
 
 
-def predict_catalogue(catalogue: Catalogue, progress: bool = False) -> list[Prediction]:
+def predict_catalogue(catalogue: Catalogue, progress: bool = False, half: str | None = None,
+                      settings: Settings | None = None) -> list[Prediction]:
+    """Every case of the catalogue (or of one half), anchors first; `settings` replace preset fields."""
     from tqdm import tqdm
 
+    entries = catalogue.entries if half is None else catalogue.half(half)
     by_id = {e.case.id: e for e in catalogue.entries}
-    order = [e for e in catalogue.entries if e.case.anchor] + [e for e in catalogue.entries if not e.case.anchor]
+    order = [e for e in entries if e.case.anchor] + [e for e in entries if not e.case.anchor]
     anchors: dict[str, Prediction] = {}
     predictions = []
     for entry in tqdm(order, desc="published cases", unit="case", disable=not progress):
         if entry.case.anchor:
-            anchors[entry.case.id] = prediction = solve_anchor(entry, catalogue)
+            anchors[entry.case.id] = prediction = solve_anchor(entry, catalogue, settings)
         else:
-            prediction = predict_case(entry, catalogue, acceptance_block(entry, anchors, by_id))
+            prediction = predict_case(entry, catalogue, acceptance_block(entry, anchors, by_id), settings)
         predictions.append(prediction)
     index = {e.case.id: i for i, e in enumerate(catalogue.entries)}
     return sorted(predictions, key=lambda p: index[p.entry.case.id])

@@ -2,8 +2,8 @@
 
 The mapping is fixed, the same for every case, and nothing in it is set per case:
 - engine: vLLM, SGLang and TensorRT-LLM batch continuously; Hugging Face eager code and gpt-fast
-  run static batches (prefill the batch, decode until its last request ends), padded to the
-  longest row as they are;
+  run static batches (prefill the batch, decode until its last request ends, or until its first
+  does where the source's harness stops there), padded to the longest row as they are;
 - workload: a closed loop at the case's batch (4 x batch requests, so a continuous engine reaches
   its steady state; one batch for a static engine) or Poisson arrivals at its rate; the stated
   prompt and output lengths, else the dataset's lengths in catalogue.yaml;
@@ -18,8 +18,14 @@ from sim.validate.published.catalogue import Catalogue, Entry
 STATIC_ENGINES = ("hf-eager", "gpt-fast")
 
 
-def case_scenario(entry: Entry, catalogue: Catalogue, acceptance: dict) -> dict:
-    """The scenario mapping of one case with the given acceptance block (tokens_per_step or rate)."""
+# Preset fields set for a prediction instead of the presets' own: {("hardware" | "engine", preset,
+# field): value}. `sim validate --published --fit` searches them on the fit half (fit.py).
+Settings = dict[tuple[str, str, str], float]
+
+
+def case_scenario(entry: Entry, catalogue: Catalogue, acceptance: dict, settings: Settings | None = None) -> dict:
+    """The scenario mapping of one case with the given acceptance block (tokens_per_step or rate),
+    its presets' fields replaced by `settings` where they name them."""
     case = entry.case
     w = case.workload
     lengths = catalogue.halves.lengths.get(w.dataset)
@@ -38,11 +44,18 @@ def case_scenario(entry: Entry, catalogue: Catalogue, acceptance: dict) -> dict:
 
         hardware = {"preset": case.hardware, "memory_gb": HARDWARE[case.hardware].memory_gb * case.gpus}
         tp = 1
+    engine: str | dict = case.engine
+    for (kind, preset, field), value in (settings or {}).items():
+        if kind == "hardware" and preset == case.hardware:
+            hardware = (hardware if isinstance(hardware, dict) else {"preset": hardware}) | {field: value}
+        elif kind == "engine" and preset == case.engine:
+            engine = (engine if isinstance(engine, dict) else {"preset": engine}) | {field: value}
     return {
         "hardware": hardware, "model": case.model, "dtype": case.dtype, "tensor_parallel": tp,
-        "engine": case.engine, "workload": workload, "speculation": speculation(case, acceptance),
+        "engine": engine, "workload": workload, "speculation": speculation(case, acceptance),
         "scheduler": {"batching": "static" if static else "continuous", "pad_ragged": static,
-                      "max_batch": w.batch or 256, "prefill_chunk": 8192 if static else 2048},
+                      "max_batch": w.batch or 256, "prefill_chunk": 8192 if static else 2048}
+                     | ({"static_end": case.batch_end} if case.batch_end != "last" else {}),
         "seed": 0,
     }
 

@@ -86,6 +86,29 @@ def test_fp8_and_int4_weights():
     assert scenario(dtype="fp8", kv_dtype="fp8").kv_bytes == 1
 
 
+def test_attention_computes_whole_query_tiles():
+    # Llama-3.1-8B: 32 query heads on 8 KV heads, 4 query rows per query token and KV head.
+    _, c = target_cost(scenario())
+    assert c.padded_query(1) == 1                  # decode: no tile
+    assert c.padded_query(4) == 4                  # 16 rows fill a 16-row tile
+    assert c.padded_query(5) == 16                 # 20 rows take a 64-row tile
+    assert c.padded_query(40) == 64                # 160 rows take two 128-row tiles
+    assert np.array_equal(c.padded_query(np.array([1.0, 5.0, 17.0])), [1.0, 16.0, 32.0])
+    # At a KV length where 16 padded tokens are compute-bound, 5 real ones cost what 16 would.
+    hw = {"preset": "h100-sxm", "gemm_corner": None, "bf16_tflops": 30.0}
+    _, slow = target_cost(scenario(hardware=hw))
+    kv = 100_000
+    compute = slow.attn_flops_per_q_kv * 16 * (kv - 2) / slow.attn_flops_s
+    assert compute > (kv * slow.attn_bytes_per_kv + 5 * slow.attn_bytes_per_q) / slow.bytes_s
+    assert slow.request_attention_s(5, kv) == pytest.approx(compute)
+    # The memory-bound fast path stops where the padded query crosses the ridge: on the plain H100
+    # (4,096 KV bytes a token, 16,384 FLOPs a query token, 643 TFLOP/s over 2,680 GB/s) at 60.0
+    # tokens, which 32 query tokens (128 rows, one tile) stay under and 33 (two tiles, 64) do not.
+    ridge = c.attn_bytes_per_kv * c.attn_flops_s / (c.attn_flops_per_q_kv * c.bytes_s)
+    assert ridge == pytest.approx(60.0, rel=0.01) and c.query_ridge == 32
+    assert slow.query_ridge == 1                   # 1.8 tokens: two already pad to four
+
+
 def test_speculation_host_work():
     s = scenario(engine="hf-eager", speculation={"method": "eagle", "num_speculative_tokens": 5,
                                                  "acceptance": {"tokens_per_step": 3}})

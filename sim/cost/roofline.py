@@ -26,6 +26,10 @@ from sim.scenario.schema import Scenario
 
 # NCCL all-reduce latency floor for small messages over NVLink/PCIe (one hop ring), seconds.
 ALLREDUCE_LATENCY_S = 8e-6
+# Query tiles of a tensor-core attention kernel, in rows: the query tokens of one KV head's query
+# heads are packed into the smallest tile that holds them, else into 128-row tiles, and every row of
+# a tile is computed (FlashInfer's prefill and verify kernels choose 16, 64 or 128 rows this way).
+ATTENTION_QUERY_TILES = (16, 64, 128)
 
 
 @dataclass(frozen=True)
@@ -90,8 +94,15 @@ class _StackCost:
             self.attn_flops_per_q_kv = 4 * heads * stack.head_dim          # QK^T and PV
             self.attn_bytes_per_kv = 2 * kv_heads * stack.head_dim * kv_bytes
             self.attn_bytes_per_q = 2 * heads * stack.head_dim * act_bytes  # read q, write out
-        # Below this many query tokens a request's attention is memory-bound at any KV length.
-        self.query_ridge = self.attn_bytes_per_kv * attn_flops_s / (self.attn_flops_per_q_kv * bytes_s)
+        # Query heads that read one KV head (MLA: every head reads the one latent).
+        self.query_group = heads if stack.latent is not None else heads / kv_heads
+        # Below this many query tokens a request's attention is memory-bound at any KV length: the
+        # largest query whose tile-padded rows stay under the ridge.
+        ridge = self.attn_bytes_per_kv * attn_flops_s / (self.attn_flops_per_q_kv * bytes_s)
+        query = 1
+        while self.padded_query(query + 1) <= ridge:
+            query += 1
+        self.query_ridge = query if ridge >= 1 else ridge
         self.layer_weight_bytes = stack.layer_weight_params * stack.weight_bytes / tp
         self._request_attention: dict[tuple, float] = {}   # (query, kv) -> seconds, prefill chunks
         # Attention can be priced from KV sums alone unless a KV window clips each request.
@@ -157,6 +168,18 @@ class _StackCost:
             total += self.moe_layers * (self.linear_time_s(self.moe_linears, tokens) + self.routed_time_s(tokens))
         return total
 
+    def padded_query(self, query):
+        """Query tokens an attention kernel computes for `query` tokens of one request (a number or
+        an array): verification and prefill run a tensor-core kernel whose query tiles
+        (ATTENTION_QUERY_TILES) are computed whole, so k + 1 tokens of a 32-head, 8-KV-head model
+        (20 rows a KV head) cost a 64-row tile, 16 tokens' worth; a single decode token runs the
+        decode kernel, which has no query tile."""
+        rows = np.asarray(query, dtype=float) * self.query_group
+        small, middle, large = ATTENTION_QUERY_TILES
+        tile = np.where(rows <= small, small, np.where(rows <= middle, middle, large))
+        padded = np.where(np.asarray(query) <= 1, query, np.ceil(rows / tile) * tile / self.query_group)
+        return padded if padded.ndim else float(padded)
+
     def attention_time_s(self, group: Group) -> float:
         """One layer's attention for a group of requests, each priced on its own roofline."""
         kv_window = self.stack.kv_window
@@ -178,8 +201,9 @@ class _StackCost:
             return total
         if kv_window is not None:
             kv = np.minimum(kv, kv_window)
-        # Causal attention inside a chunk of q new tokens touches q * (kv - (q - 1) / 2) pairs.
-        flops = self.attn_flops_per_q_kv * q * (kv - (np.asarray(q) - 1) / 2)
+        # Causal attention inside a chunk of q new tokens touches q * (kv - (q - 1) / 2) pairs, in
+        # tiles of padded rows.
+        flops = self.attn_flops_per_q_kv * self.padded_query(q) * (kv - (np.asarray(q) - 1) / 2)
         bytes_ = kv * self.attn_bytes_per_kv + q * self.attn_bytes_per_q
         return float(np.maximum(flops / self.attn_flops_s, bytes_ / self.bytes_s).sum())
 
@@ -188,7 +212,7 @@ class _StackCost:
         included), causal among the new tokens."""
         if self.stack.kv_window is not None:
             kv = min(kv, self.stack.kv_window)
-        compute = self.attn_flops_per_q_kv * query * (kv - (query - 1) / 2) / self.attn_flops_s
+        compute = self.attn_flops_per_q_kv * self.padded_query(query) * (kv - (query - 1) / 2) / self.attn_flops_s
         memory = (kv * self.attn_bytes_per_kv + query * self.attn_bytes_per_q) / self.bytes_s
         return compute if compute > memory else memory
 

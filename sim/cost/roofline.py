@@ -96,6 +96,7 @@ class _StackCost:
             self.attn_bytes_per_q = 2 * heads * stack.head_dim * act_bytes  # read q, write out
         # Query heads that read one KV head (MLA: every head reads the one latent).
         self.query_group = heads if stack.latent is not None else heads / kv_heads
+        self._padded_query: dict[float, float] = {}
         # Below this many query tokens a request's attention is memory-bound at any KV length: the
         # largest query whose tile-padded rows stay under the ridge.
         ridge = self.attn_bytes_per_kv * attn_flops_s / (self.attn_flops_per_q_kv * bytes_s)
@@ -174,11 +175,21 @@ class _StackCost:
         (ATTENTION_QUERY_TILES) are computed whole, so k + 1 tokens of a 32-head, 8-KV-head model
         (20 rows a KV head) cost a 64-row tile, 16 tokens' worth; a single decode token runs the
         decode kernel, which has no query tile."""
-        rows = np.asarray(query, dtype=float) * self.query_group
+        if isinstance(query, np.ndarray):
+            return self.padded_queries(query)
+        if query <= 1:
+            return query
+        padded = self._padded_query.get(query)     # a scalar per iteration: memoized
+        if padded is None:
+            padded = self._padded_query[query] = float(self.padded_queries(np.asarray(float(query))))
+        return padded
+
+    def padded_queries(self, query: np.ndarray) -> np.ndarray:
+        """padded_query of an array of per-request query tokens."""
+        rows = query * self.query_group
         small, middle, large = ATTENTION_QUERY_TILES
         tile = np.where(rows <= small, small, np.where(rows <= middle, middle, large))
-        padded = np.where(np.asarray(query) <= 1, query, np.ceil(rows / tile) * tile / self.query_group)
-        return padded if padded.ndim else float(padded)
+        return np.where(query <= 1, query, np.ceil(rows / tile) * tile / self.query_group)
 
     def attention_time_s(self, group: Group) -> float:
         """One layer's attention for a group of requests, each priced on its own roofline."""

@@ -50,12 +50,14 @@ def test_prefill_prices_each_operator_on_its_own_roofline(tiny_config):
     linears = sum(roof(2 * T * i * o, 2 * i * o + 2 * T * (i + o)) for i, o in ((4, 8), (4, 4), (4, 16), (8, 4)))
     elementwise = T * 2 * (10 * 4 + 2 * 3 * 2 + 3 * 8) / 1e9
     # Causal attention of T new tokens: 16 FLOPs per (q, kv) pair over T (T - (T-1)/2) pairs against
-    # T tokens of K+V (8 bytes) and q/out (8 bytes): compute-bound at this length.
-    attention = roof(16 * T * (T - (T - 1) / 2), T * 8 + T * 8)
+    # T tokens of K+V (8 bytes) and q/out (8 bytes): compute-bound at this length. Its rows (2 query
+    # heads a KV head: 200,000) fill 1,563 tiles of 128, so 100,032 query tokens' worth is computed.
+    padded = 1563 * 128 / 2
+    attention = roof(16 * padded * (T - (T - 1) / 2), T * 8 + T * 8)
     lm_head = roof(2 * 40, 40 * 2 + 14 * 2)         # logits of the last token only
     s = shares()
     got = cost.forward(target, [Group(PREFILL, 1, T, T, T, 1, [T], [T])], s)
-    assert attention == 16 * T * (T - (T - 1) / 2) / 1e12   # the case is compute-bound
+    assert attention == 16 * padded * (T - (T - 1) / 2) / 1e12   # the case is compute-bound
     assert got == pytest.approx(linears + elementwise + attention + lm_head, rel=1e-12)
     assert s[PREFILL] == pytest.approx(got, rel=1e-12)
 

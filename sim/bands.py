@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from sim.formats.provenance import REPO_ROOT, read_results_csv
+from sim.workload import mean_length
 
 PUBLISHED = REPO_ROOT / "validation/published/errors.csv"
 CPU_LIVE = REPO_ROOT / "validation/cpu-default/validation.csv"
@@ -93,9 +94,7 @@ def speedup_band(scenario, speedup: float) -> Band | None:
     family = FAMILIES[spec.method]
     work = scenario.workload
     batch = float(min(work.concurrency or 16, scenario.scheduler.max_batch)) if work.arrival == "closed" else 16.0
-    prompt = work.prompt_tokens
-    context = float(prompt if isinstance(prompt, int) else sum(prompt) / len(prompt) if isinstance(prompt, list)
-                    else prompt.mean)
+    context = mean_length(work.prompt_tokens)
     near = sorted(((distance(r, family, batch, context), r) for r in references()
                    if r.hardware_class == hardware), key=lambda t: (t[0], t[1].case))
     near = [r for d, r in near if d <= REACH][:NEAREST]

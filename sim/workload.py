@@ -29,6 +29,15 @@ class Requests:
         return int((self.prompt_tokens + self.output_tokens).max())
 
 
+def mean_length(spec) -> float:
+    """The typical token count of an int, a list or a distribution (its mean before clipping)."""
+    if isinstance(spec, int):
+        return float(spec)
+    if isinstance(spec, list):
+        return sum(spec) / len(spec)
+    return spec.mean
+
+
 def sample_lengths(spec, count: int, rng: np.random.Generator) -> np.ndarray:
     """Token counts for `count` requests from an int, a list (cycled in order) or a distribution."""
     if isinstance(spec, int):

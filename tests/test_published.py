@@ -1,5 +1,6 @@
 """`sim validate --published`: the committed catalogue loads and every case is predicted; bad
 entries are one line and exit 2; anchors reproduce their measurement; speedups get error bands."""
+import math
 import shutil
 import subprocess
 import sys
@@ -146,3 +147,19 @@ def test_fit_recovers_the_setting_a_measurement_was_made_with(tmp_path):
     assert result.values == {"corner": 2.0}
     assert result.score.mean_abs_error == pytest.approx(0.0, abs=1e-9)
     assert result.presets_score.mean_abs_error > 0.0
+
+
+def test_a_benchmark_tools_random_lengths_are_drawn_below_the_stated_ones():
+    from sim.validate.published.scenarios import case_scenario
+    from sim.workload import build_requests
+
+    catalogue = load_catalogue(CATALOGUE)
+    entry = next(e for e in catalogue.entries if e.case.id == "lmsys-blog-2025-amd-deepseek-v3-mtp-random-c64")
+    assert entry.case.workload.range_ratio == 0.0
+    mapping = case_scenario(entry, catalogue, {"rate": 0.8})
+    width = 1023 / (2 * math.sqrt(3))
+    assert mapping["workload"]["output_tokens"] == {"dist": "uniform", "mean": 512.5, "std": pytest.approx(width),
+                                                    "min": 1, "max": 1024}
+    requests = build_requests(load_scenario(mapping))
+    for lengths in (requests.prompt_tokens, requests.output_tokens):
+        assert lengths.min() >= 1 and lengths.max() <= 1024 and lengths.min() < 256 and lengths.max() > 768

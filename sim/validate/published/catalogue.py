@@ -55,6 +55,10 @@ class CaseWorkload(Strict):
     dataset: str = Field(min_length=1)
     prompt_tokens: PositiveInt | None = None
     output_tokens: PositiveInt | None = None
+    # A benchmark tool's random dataset: each request's prompt and output lengths drawn uniformly
+    # between range_ratio x the stated length (at least 1) and the stated length
+    # (sglang.bench_serving --random-range-ratio, 0.0 unless given).
+    range_ratio: float | None = Field(default=None, ge=0.0, lt=1.0)
     batch: PositiveInt | None = None
     rate_qps: PositiveFloat | None = None
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from scipy.optimize import brentq
 
 from sim.errors import InputError
+from sim.workload import mean_length
 from sim.validate.published.catalogue import Catalogue, Entry
 from sim.validate.published.scenarios import Settings, case_scenario, depth
 
@@ -26,7 +27,7 @@ class Prediction:
     acceptance: dict             # the scenario's acceptance block
     tokens_per_step: float       # committed per step in the simulation
     seconds: float               # wall time of this case's simulations
-    prompt_tokens: int = 0       # the prompt length simulated (stated, or the dataset's assumed)
+    prompt_tokens: float = 0     # the prompt length simulated, its mean where lengths are drawn
     note: str = ""
 
     @property
@@ -90,14 +91,15 @@ def solve_anchor(entry: Entry, catalogue: Catalogue, settings: Settings | None =
             gap(rate)
     result, predicted = evaluated[rate]
     return Prediction(entry, "anchor", case.speedup, predicted, {"rate": rate}, result.speculative.tokens_per_step,
-                      time.perf_counter() - started, result.scenario.workload.prompt_tokens, note)
+                      time.perf_counter() - started, mean_length(result.scenario.workload.prompt_tokens), note)
 
 
 def predict_case(entry: Entry, catalogue: Catalogue, acceptance: dict, settings: Settings | None = None) -> Prediction:
     started = time.perf_counter()
     result = simulate_case(entry, catalogue, acceptance, settings)
     return Prediction(entry, "predicted", entry.case.speedup, speedup_of(result, entry.case), acceptance,
-                      result.speculative.tokens_per_step, time.perf_counter() - started, result.scenario.workload.prompt_tokens)
+                      result.speculative.tokens_per_step, time.perf_counter() - started,
+                      mean_length(result.scenario.workload.prompt_tokens))
 
 
 def acceptance_block(entry: Entry, anchors: dict[str, Prediction], by_id: dict[str, Entry]) -> dict:

@@ -6,12 +6,15 @@ The mapping is fixed, the same for every case, and nothing in it is set per case
   does where the source's harness stops there), padded to the longest row as they are;
 - workload: a closed loop at the case's batch (4 x batch requests, so a continuous engine reaches
   its steady state; one batch for a static engine) or Poisson arrivals at its rate; the stated
-  prompt and output lengths, else the dataset's lengths in catalogue.yaml;
+  prompt and output lengths (drawn uniformly below them where the case gives a benchmark tool's
+  range_ratio), else the dataset's lengths in catalogue.yaml;
 - parallelism: tensor parallel as stated; pipeline-split layers (Hugging Face device_map) cost
   what one GPU with the GPUs' memory would;
 - acceptance: the measured tokens per step; else the per-token rate solved on the case's anchor.
 """
 from __future__ import annotations
+
+import math
 
 from sim.validate.published.catalogue import Catalogue, Entry
 
@@ -29,8 +32,10 @@ def case_scenario(entry: Entry, catalogue: Catalogue, acceptance: dict, settings
     case = entry.case
     w = case.workload
     lengths = catalogue.halves.lengths.get(w.dataset)
-    prompt = w.prompt_tokens or lengths.prompt_tokens
-    output = w.output_tokens or lengths.output_tokens
+    prompt: int | dict = w.prompt_tokens or lengths.prompt_tokens
+    output: int | dict = w.output_tokens or lengths.output_tokens
+    if w.range_ratio is not None:
+        prompt, output = uniform_lengths(prompt, w.range_ratio), uniform_lengths(output, w.range_ratio)
     static = case.engine in STATIC_ENGINES
     if w.batch is not None:
         workload = {"arrival": "closed", "concurrency": w.batch, "requests": w.batch if static else max(4 * w.batch, 8)}
@@ -58,6 +63,15 @@ def case_scenario(entry: Entry, catalogue: Catalogue, acceptance: dict, settings
                      | ({"static_end": case.batch_end} if case.batch_end != "last" else {}),
         "seed": 0,
     }
+
+
+def uniform_lengths(length: int, ratio: float) -> dict:
+    """Token counts drawn uniformly from [max(1, ratio x length), length], as a benchmark tool's
+    random dataset draws them: a uniform distribution of that width (std = width / sqrt(12)),
+    clipped to the range."""
+    low = max(1, int(length * ratio))
+    return {"dist": "uniform", "mean": (low + length) / 2, "std": (length - low) / (2 * math.sqrt(3)),
+            "min": low, "max": length}
 
 
 def speculation(case, acceptance: dict) -> dict:

@@ -97,7 +97,7 @@ class Case(Strict):
     # How the source's harness ends a static batch (scheduler.static_end): last, when its last row
     # is done (generate-style loops); first, when one row reaches the output length, counting what
     # every row committed (loops that time a fixed number of new tokens per batch).
-    batch_end: Literal["last", "first"] = "last"
+    static_end: Literal["last", "first"] = "last"
     temperature: NonNegativeFloat = 0.0
     acceptance: MeasuredAcceptance | None = None
     metric: Literal[METRICS]

@@ -60,7 +60,7 @@ def case_scenario(entry: Entry, catalogue: Catalogue, acceptance: dict, settings
         "engine": engine, "workload": workload, "speculation": speculation(case, acceptance),
         "scheduler": {"batching": "static" if static else "continuous", "pad_ragged": static,
                       "max_batch": w.batch or 256, "prefill_chunk": 8192 if static else 2048}
-                     | ({"static_end": case.batch_end} if case.batch_end != "last" else {}),
+                     | ({"static_end": case.static_end} if case.static_end != "last" else {}),
         "seed": 0,
     }
 

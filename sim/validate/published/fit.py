@@ -11,6 +11,7 @@ move while one engine's few cases change), and the tables report median and P90 
 """
 from __future__ import annotations
 
+import math
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -33,8 +34,10 @@ class Knob:
     grid: tuple[float, ...]
 
     def current(self) -> float:
+        """The preset's own value (a corner of None, the plain roofline, as infinity)."""
         table = HARDWARE if self.kind == "hardware" else ENGINES
-        return getattr(table[self.presets[0]], self.field)
+        value = getattr(table[self.presets[0]], self.field)
+        return math.inf if value is None else value
 
     def settings(self, value: float) -> Settings:
         return {(self.kind, preset, self.field): value for preset in self.presets}

@@ -67,6 +67,11 @@ KNOBS = (
 )
 
 
+def nearest(grid: tuple[float, ...], value: float) -> float:
+    """The grid point nearest `value` (infinity: the largest)."""
+    return max(grid) if math.isinf(value) else min(grid, key=lambda v: abs(v - value))
+
+
 @dataclass(frozen=True)
 class Score:
     mean_abs_error: float
@@ -106,7 +111,7 @@ class FitResult:
 def fit_settings(catalogue: Catalogue, knobs: tuple[Knob, ...] = KNOBS, workers: int | None = None,
                  log=print) -> FitResult:
     """Coordinate descent from the presets' values (snapped to each grid) to the best grid point."""
-    values = {k.name: min(k.grid, key=lambda v, c=k.current(): abs(v - c)) for k in knobs}
+    values = {k.name: nearest(k.grid, k.current()) for k in knobs}
 
     def settings_of(chosen: dict[str, float]) -> Settings:
         out: Settings = {}

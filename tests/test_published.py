@@ -124,7 +124,10 @@ def test_published_command_refuses_bad_arguments(args, message):
 def test_fit_recovers_the_setting_a_measurement_was_made_with(tmp_path):
     """One fit-half case whose 'measurement' is the model's own prediction at GEMM corner 2: the
     search, started from another grid point, must land on 2 with no error left."""
-    from sim.validate.published.fit import Knob, fit_settings
+    from sim.validate.published.fit import Knob, fit_settings, nearest
+
+    # The search starts at the grid point nearest the preset's value; the plain roofline's is the largest.
+    assert nearest((1.0, 2.0, 64.0), 1.25) == 1.0 and nearest((1.0, 2.0, 64.0), math.inf) == 64.0
 
     root = copy_catalogue(tmp_path)
     keep = "specbench-rtx3090-vicuna-7b-eagle"

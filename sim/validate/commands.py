@@ -118,7 +118,8 @@ def fit_published(catalogue: Path) -> int:
 
     started = time.perf_counter()
     result = fit_settings(load_catalogue(catalogue))
-    print(f"\nfitted on the fit half in {result.rounds} rounds, {time.perf_counter() - started:.0f} s:")
+    rounds = f"{result.rounds} round{'s' if result.rounds != 1 else ''}"
+    print(f"\nfitted on the fit half in {rounds}, {time.perf_counter() - started:.0f} s:")
     for knob in KNOBS:
         print(f"  {knob.name}: {result.values[knob.name]:g} (preset {knob.current():g})")
     for label, score in (("fitted", result.score), ("presets", result.presets_score)):

@@ -86,6 +86,19 @@ def test_fp8_and_int4_weights():
     assert scenario(dtype="fp8", kv_dtype="fp8").kv_bytes == 1
 
 
+def test_int4_weights_read_at_the_engines_int4_efficiency():
+    # gpt-fast's int4 kernel reads weights at 0.43 of HBM bandwidth, its bf16 ones at 0.70: a
+    # batch-1 layer's linears take (weight bytes / 0.43) / bandwidth.
+    layer_params = 4096 * (32 + 16) * 128 + 4096 * 4096 + 3 * 4096 * 14336
+    for engine, efficiency in (("gpt-fast", 0.43), ("vllm", 0.80)):
+        s = scenario(dtype="int4", engine=engine)
+        cost, c = target_cost(s)
+        weights_s = sum(op.weight_bytes for op in c.linears) / c.bytes_s
+        assert weights_s == pytest.approx(layer_params * INT4_WEIGHT_BYTES / (3350e9 * efficiency))
+    bf16 = target_cost(scenario(engine="gpt-fast"))[1]       # 16-bit weights: the engine's own efficiency
+    assert sum(op.weight_bytes for op in bf16.linears) / bf16.bytes_s == pytest.approx(layer_params * 2 / (3350e9 * 0.70))
+
+
 def test_attention_computes_whole_query_tiles():
     # Llama-3.1-8B: 32 query heads on 8 KV heads, 4 query rows per query token and KV head.
     _, c = target_cost(scenario())
@@ -284,3 +297,32 @@ def test_static_batch_ending_at_its_first_finish_keeps_what_each_row_committed()
     assert record.finish_s[0] == record.finish_s[1] < record.finish_s[2] == record.finish_s[3]
     with pytest.raises(Exception, match="static_end applies to batching: static"):
         load_scenario({"scheduler": {"static_end": "first"}})
+
+
+def test_a_draft_model_with_a_kv_budget_reads_only_its_window():
+    # MagicDec's standalone drafts keep a StreamingLLM cache: a TinyLlama draft over 8,000-token
+    # contexts reads 512 tokens of KV per request, and holds 512 per running request in memory.
+    spec = {"method": "draft_model", "acceptance": {"rate": 0.6}, "draft": {"model": "tinyllama-1.1b"}}
+    full = scenario(model="llama-2-7b", speculation=spec)
+    windowed = scenario(model="llama-2-7b", speculation=spec | {"draft": {"model": "tinyllama-1.1b", "kv_budget": 512}})
+    assert build_stacks(full).draft.kv_window is None
+    assert build_stacks(windowed).draft.kv_window == 512
+    assert build_stacks(scenario(speculation={"method": "streaming", "acceptance": {"rate": 0.6}})).draft.kv_window == 512
+    cost = RooflineCostModel(windowed)
+    draft = build_stacks(windowed).draft
+    c = cost._cost_of(draft)
+    shares = [0.0] * len(PHASES)
+    context = np.full(4, 8000)
+    seconds = cost.forward_uniform(draft, DRAFT, 4, 1, int(context.sum()), shares, context=context)
+    shared, lm_head = cost.batch_terms_s(c, 4, 4)
+    kv_s = 4 * 512 * c.attn_bytes_per_kv / c.bytes_s + 4 * c.attn_bytes_per_q / c.bytes_s
+    assert seconds == pytest.approx(shared + lm_head + draft.layers * kv_s)
+    tiny = MODELS["tinyllama-1.1b"]
+    result = simulate(windowed.model_dump(exclude_unset=True) | {"workload": {"concurrency": 2, "requests": 2,
+                                                                            "prompt_tokens": 4000, "output_tokens": 8}})
+    per_token_target = kv_bytes_per_token(MODELS["llama-2-7b"], 1, 2)
+    assert result.memory["kv_capacity_tokens"] == pytest.approx(
+        simulate(full.model_dump(exclude_unset=True) | {"workload": {"concurrency": 2, "requests": 2, "prompt_tokens": 4000,
+                                                                    "output_tokens": 8}}).memory["kv_capacity_tokens"]
+        * (per_token_target + kv_bytes_per_token(tiny, 1, 2)) / per_token_target, rel=0.01)
+

@@ -60,12 +60,18 @@ def plan_memory(scenario: Scenario, stacks: Stacks, max_request_tokens: int, con
     layer_bytes = stacks.target.layer_weight_bytes() / tp
     embeddings = model.embedding_params * ab / tp
     draft_weights = stacks.draft_weights_resident_bytes / tp
-    workspace = _workspace_bytes(scenario, min(concurrency_hint, scenario.scheduler.max_batch))
+    running = min(concurrency_hint, scenario.scheduler.max_batch)
+    workspace = _workspace_bytes(scenario, running)
     fixed = embeddings + draft_weights + workspace
 
     kv_per_token = kv_bytes_per_token(model, tp, scenario.kv_bytes)
     if stacks.draft_owns_kv:
-        kv_per_token += kv_bytes_per_token(stacks.draft, tp, scenario.kv_bytes)
+        draft_kv = kv_bytes_per_token(stacks.draft, tp, scenario.kv_bytes)
+        if stacks.draft.kv_window is None:
+            kv_per_token += draft_kv
+        else:
+            # A draft with a StreamingLLM cache holds at most its window per running request.
+            fixed += running * stacks.draft.kv_window * draft_kv
     partial_tokens = 0
     if spec.partial_verify is not None:
         pv = spec.partial_verify

@@ -43,7 +43,8 @@ class _StackCost:
     """Per-stack coefficients, computed once so a forward is a few dozen float operations."""
 
     def __init__(self, stack: Stack, *, act_bytes: int, kv_bytes: int, tp: int, flops_s: float, attn_flops_s: float,
-                 bytes_s: float, lm_head_bytes: int, corner: float | None, expert_parallel: bool = False):
+                 bytes_s: float, lm_head_bytes: int, corner: float | None, expert_parallel: bool = False,
+                 weight_read_scale: float = 1.0):
         self.stack = stack
         self.layers = stack.layers
         self.flops_s = flops_s
@@ -51,15 +52,18 @@ class _StackCost:
         self.bytes_s = bytes_s
         self.corner = corner
         linear = lambda i, o, wbytes: _Linear(2 * i * o / tp, i * o * wbytes / tp, (i + o) * act_bytes / tp)
-        self.linears = [linear(i, o, stack.weight_bytes) for _, i, o in stack.linears] if stack.layers else []
+        # Weights priced as the bytes that take as long to read at `bytes_s` (more where the
+        # engine's quantized kernel reads slower than its 16-bit one).
+        wbytes = stack.weight_bytes * weight_read_scale
+        self.linears = [linear(i, o, wbytes) for _, i, o in stack.linears] if stack.layers else []
         self.dense_layers = stack.dense_layers
         self.moe_layers = stack.moe_layers
         self.experts = stack.experts
         if stack.experts is not None and stack.layers:
             e = stack.experts
-            self.moe_linears = [linear(i, o, stack.weight_bytes) for _, i, o in stack.moe_linears]
+            self.moe_linears = [linear(i, o, wbytes) for _, i, o in stack.moe_linears]
             # One routed expert on this GPU (each expert split across the tensor-parallel ranks).
-            self.expert = linear(stack.hidden, 3 * e.ffn, stack.weight_bytes)
+            self.expert = linear(stack.hidden, 3 * e.ffn, wbytes)
             self.expert = _Linear(self.expert.flops_per_token, self.expert.weight_bytes,
                                   (2 * stack.hidden + 3 * e.ffn) * act_bytes / tp)
             # Expert parallelism: whole experts, routed / tp of them on each GPU; the busiest GPU
@@ -242,6 +246,9 @@ class RooflineCostModel:
         self.flops_s = hw.peak_tflops(scenario.gemm_dtype) * 1e12 * engine.compute_efficiency
         self.attn_flops_s = hw.peak_tflops(scenario.activation_dtype) * 1e12 * engine.compute_efficiency
         self.corner = hw.gemm_corner
+        # Quantized (int4) decoder weights read at the engine's int4 efficiency, not its 16-bit one.
+        self.int4_read_scale = (engine.mem_efficiency / engine.int4_mem_efficiency
+                                if scenario.dtype == "int4" and engine.int4_mem_efficiency else 1.0)
         self.bytes_s = hw.hbm_gb_s * 1e9 * engine.mem_efficiency
         self.link_bytes_s = (link_gb_s or hw.host_link_gb_s * engine.link_efficiency) * 1e9
         self.interconnect_bytes_s = hw.interconnect_gb_s * 1e9
@@ -256,7 +263,8 @@ class RooflineCostModel:
             cost = _StackCost(stack, act_bytes=self.act_bytes, kv_bytes=self.kv_bytes, tp=self.tp,
                               flops_s=self.flops_s, attn_flops_s=self.attn_flops_s, bytes_s=self.bytes_s,
                               lm_head_bytes=self.act_bytes, corner=self.corner,
-                              expert_parallel=self.expert_parallel)
+                              expert_parallel=self.expert_parallel,
+                              weight_read_scale=self.int4_read_scale if stack.weight_bytes < self.act_bytes else 1.0)
             self._stacks[id(stack)] = cost
         return cost
 

@@ -134,9 +134,9 @@ def build_stacks(scenario: Scenario) -> Stacks:
                                        lm_head_vocab=model.vocab))
     if method == "streaming":
         return Stacks(target, stack_of(model, "streaming", wbytes, lm_head_vocab=model.vocab,
-                                       kv_window=draft.kv_budget))
+                                       kv_window=spec.draft_kv_window))
     if method == "draft_model":
         dm = scenario.draft_spec
-        small = stack_of(dm, dm.name, wbytes, lm_head_vocab=dm.vocab)
+        small = stack_of(dm, dm.name, wbytes, lm_head_vocab=dm.vocab, kv_window=spec.draft_kv_window)
         return Stacks(target, small, draft_owns_kv=True, draft_weights_resident_bytes=dm.params * wbytes)
     raise AssertionError(method)

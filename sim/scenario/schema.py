@@ -130,8 +130,10 @@ class Draft(Strict):
     bits: Literal[4, 8] = 4           # shadow: weight-only quantization of the target's layers
     group_size: PositiveInt = 64      # shadow
     exit_layer: PositiveInt | None = None   # layerskip
-    kv_budget: PositiveInt = 512      # streaming: sink + recent window the self-draft attends to
-    sink: PositiveInt = 32            # streaming: of kv_budget, the sink part
+    # streaming: sink + recent window the self-draft attends to; draft_model: set, the draft model's
+    # own KV is a StreamingLLM cache of this many tokens (MagicDec), unset, the whole context.
+    kv_budget: PositiveInt = 512
+    sink: PositiveInt = 32            # streaming / draft_model with kv_budget: of kv_budget, the sink part
     layers: PositiveInt = 1           # eagle / eagle3 / mtp / medusa head depth
     vocab: PositiveInt | None = None  # head vocabulary; default 32000 for eagle3, the target's otherwise
 
@@ -189,7 +191,7 @@ class Speculation(Strict):
             raise ValueError("method layerskip needs draft.exit_layer")
         if self.method == "medusa" and self.draft_depth > 8:
             raise ValueError("medusa has one head per draft position; more than 8 heads is unsupported")
-        if self.method == "streaming" and self.draft.sink >= self.draft.kv_budget:
+        if self.draft_kv_window is not None and self.draft.sink >= self.draft.kv_budget:
             raise ValueError("draft.sink must be below draft.kv_budget")
         if self.acceptance is not None and self.acceptance.tokens_per_step is not None:
             if self.acceptance.tokens_per_step > self.max_tokens_per_step:
@@ -204,6 +206,14 @@ class Speculation(Strict):
     @property
     def enabled(self) -> bool:
         return self.method != "none"
+
+    @property
+    def draft_kv_window(self) -> int | None:
+        """KV tokens per request the draft attends to, None for the whole context: streaming's
+        kv_budget, and a draft model's where the scenario sets one."""
+        if self.method == "streaming" or (self.method == "draft_model" and "kv_budget" in self.draft.model_fields_set):
+            return self.draft.kv_budget
+        return None
 
     @property
     def draft_depth(self) -> int:
@@ -385,6 +395,8 @@ def resolve_engine(value: str | dict) -> EngineSpec:
     for key in ("mem_efficiency", "compute_efficiency", "link_efficiency"):
         if key in overrides and not 0 < overrides[key] <= 1:
             raise InputError(f"engine.{key}", f"must be in (0, 1] (got {overrides[key]})")
+    if overrides.get("int4_mem_efficiency", 0) > 1:
+        raise InputError("engine.int4_mem_efficiency", f"must be in [0, 1] (got {overrides['int4_mem_efficiency']})")
     return EngineSpec(**{**base.__dict__, **overrides, "name": value.get("name", f"{base.name}+custom")})
 
 

@@ -112,8 +112,8 @@ def settings_label(s) -> str:
              else f"k={spec.num_speculative_tokens}"]
     if spec.method == "shadow":
         parts.append(f"int{spec.draft.bits}")
-    if spec.method == "streaming":
-        parts.append(f"draft KV {spec.draft.kv_budget}")
+    if spec.draft_kv_window is not None:
+        parts.append(f"draft KV {spec.draft_kv_window}")
     if spec.method == "layerskip":
         parts.append(f"exit {spec.draft.exit_layer}")
     pv = spec.partial_verify

@@ -22,6 +22,8 @@ engine from public measurements of that engine, never tuned to a scenario, and a
   acceptance and KV bookkeeping that grows with the batch).
 - draft_forward_overhead_s: host time per draft forward besides its launch (top-k, tree expansion,
   sampling the proposals) in an engine that drafts step by step.
+- int4_mem_efficiency: the fraction of memory bandwidth weight-only int4 GEMMs reach, where the
+  engine's int4 kernel falls short of its 16-bit one (0: mem_efficiency).
 - graph_max_tokens: the largest forward (query tokens) the engine replays as a CUDA graph; larger
   forwards run eagerly and pay eager_layer_overhead_s per decoder layer (0: no cap).
 """
@@ -44,6 +46,7 @@ class EngineSpec:
     speculation_step_overhead_s: float = 0.0
     speculation_request_overhead_s: float = 0.0
     draft_forward_overhead_s: float = 0.0
+    int4_mem_efficiency: float = 0.0
     graph_max_tokens: int = 0
     eager_layer_overhead_s: float = 0.0
 
@@ -69,10 +72,12 @@ ENGINES: dict[str, EngineSpec] = {
     "tensorrt-llm": EngineSpec("tensorrt-llm", mem_efficiency=0.82, compute_efficiency=0.65, step_overhead_s=200e-6,
                                request_overhead_s=4e-6, forward_overhead_s=30e-6, layer_overhead_s=0.0,
                                ngram_lookup_s=15e-6),
-    # gpt-fast: torch.compile'd single-request loop; reports ~70% of A100 bandwidth on Llama-2-7B bf16.
+    # gpt-fast: torch.compile'd single-request loop; its README measures Llama-2-7B on an A100 at
+    # 1,397 GB/s in bf16 (~70% of 2,039) and 863 GB/s with int4 weights in groups of 32
+    # (torch's tinygemm kernel): 0.70 x 863 / 1,397 for int4.
     "gpt-fast": EngineSpec("gpt-fast", mem_efficiency=0.70, compute_efficiency=0.60, step_overhead_s=40e-6,
                            request_overhead_s=0.0, forward_overhead_s=20e-6, layer_overhead_s=0.0,
-                           ngram_lookup_s=20e-6),
+                           ngram_lookup_s=20e-6, int4_mem_efficiency=0.43),
     # Hugging Face transformers in eager mode: every kernel launched from Python, so each decoder layer
     # costs a few hundred microseconds of launch time at small batch; generate() adds per-step work.
     # `sim validate --published --fit` searches layer_overhead_s and both efficiencies on the fit half

@@ -1,4 +1,5 @@
-"""python -m profiler live | campaign | hf-live | calibrate | inspect (docs/live.md, docs/architecture.md).
+"""python -m profiler live | campaign | hf-live | serve-live | calibrate | inspect | export-hf (docs/live.md,
+docs/architecture.md).
 
 Every argument parser of the profiler is here; each command's arguments become a typed config
 (LiveConfig, CampaignConfig, CalibrateConfig) and the command is a function call. Bad input is one
@@ -135,13 +136,51 @@ def add_inspect_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("bundle", type=Path, help="a bundle folder written by python -m profiler calibrate")
 
 
+def add_serve_live_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--engine", choices=("vllm",), default="vllm", help="the engine whose server runs")
+    parser.add_argument("--model", type=Path, required=True,
+                        help="a Hugging Face model folder (python -m profiler export-hf writes SmolLM2's)")
+    parser.add_argument("--venv", type=Path, default=Path(".vllm-venv"),
+                        help="the engine's virtual environment (scripts/setup-vllm-cpu.sh)")
+    parser.add_argument("--method", choices=("none", "ngram"), default="ngram")
+    parser.add_argument("--k", type=int, default=4, help="drafted tokens per step")
+    parser.add_argument("--prompt-lookup-min", type=int, default=2, help="ngram: shortest n-gram matched")
+    parser.add_argument("--prompt-lookup-max", type=int, default=4, help="ngram: longest n-gram matched")
+    load = parser.add_mutually_exclusive_group()
+    load.add_argument("--batch", type=int, default=None, help="closed loop: requests in flight (default 1)")
+    load.add_argument("--rate", type=float, default=None, help="open loop: Poisson arrivals per second")
+    parser.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS,
+                        help="JSONL with `prompt` or `turns` (first turn used), optional `category`")
+    parser.add_argument("--limit", type=int, default=None, help="use the first N prompts")
+    parser.add_argument("--context", type=int, default=None, help="long-context mode: prompts of this many tokens")
+    parser.add_argument("--text", type=Path, default=None, help="long-context mode: the plain text they are cut from")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="every request's output length (EOS ignored)")
+    parser.add_argument("--baseline", action="store_true", help="also run the server without speculation: speedup")
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--threads", type=int, default=2, help="the server's OpenMP threads")
+    parser.add_argument("--max-model-len", type=int, default=2048, help="the server's context limit")
+    parser.add_argument("--port", type=int, default=8391, help="the server's port on 127.0.0.1")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, required=True, help="output folder (must not exist)")
+
+
+def add_export_hf_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="smollm2", help="smollm2 or a Llama-family .gguf file")
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="the weights' dtype in the folder")
+    parser.add_argument("--out", type=Path, required=True, help="the model folder to write (must not exist)")
+
+
 COMMANDS = (
     ("live", "real speculative decoding on a real model, every step recorded", add_live_arguments),
     ("campaign", "the live runs of a validation campaign, the model loaded once", add_campaign_arguments),
     ("hf-live", "Hugging Face transformers' own generate (prompt lookup), recorded as a live run",
      add_hf_live_arguments),
+    ("serve-live", "a real engine's server (vLLM) with and without speculation, driven by a client and recorded",
+     add_serve_live_arguments),
     ("calibrate", "time the engine's operators on this device; write a bundle", add_calibrate_arguments),
-    ("inspect", "achieved bandwidth and FLOP rate of a bundle's operators", add_inspect_arguments))
+    ("inspect", "achieved bandwidth and FLOP rate of a bundle's operators", add_inspect_arguments),
+    ("export-hf", "a GGUF model as a Hugging Face folder (safetensors, config, tokenizer, chat template) "
+     "for engines that read only that", add_export_hf_arguments))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -195,6 +234,17 @@ def dispatch(args: argparse.Namespace) -> int:
         from profiler.calibrate.inspect import inspect_bundle
 
         inspect_bundle(args.bundle)
+    elif args.command == "serve-live":
+        from profiler.serve.run import ServeConfig, serve_live
+
+        values = {k: v for k, v in vars(args).items() if k != "command"}
+        if values["batch"] is None and values["rate"] is None:
+            values["batch"] = 1
+        serve_live(ServeConfig(**values))
+    elif args.command == "export-hf":
+        from profiler.engine.export_hf import ExportConfig, export_hf
+
+        export_hf(ExportConfig(out=args.out, model=args.model, dtype=args.dtype))
     return 0
 
 

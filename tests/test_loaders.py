@@ -82,3 +82,38 @@ def test_a_preset_name_gives_random_weights_of_its_shape():
 def test_unknown_models_are_one_line_errors(name, message):
     with pytest.raises(ModelLoadError, match=message):
         resolve_model(name)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    from profiler.engine.export_hf import ExportConfig, export_hf
+
+    return export_hf(ExportConfig(out=tmp_path_factory.mktemp("export") / "smollm2-hf"))
+
+
+def test_export_hf_writes_a_folder_transformers_runs_as_the_gguf(hf_folder, exported):
+    # transformers reads the exported folder (weights, config, tokenizer, chat template) with none
+    # of its GGUF code and computes the logits it computes from the GGUF itself.
+    transformers = pytest.importorskip("transformers")
+    _, expected, gguf_model = hf_folder
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(exported), dtype=torch.float32)
+    with torch.inference_mode():
+        logits = model(TOKENS).logits
+    assert (logits - expected).abs().max() < 1e-4 * expected.abs().max()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(exported))
+    messages = [{"role": "user", "content": "What is 12 + 30? Answer in one word."}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text == gguf_model.tokenizer.apply_chat_template(messages)
+    assert tokenizer(text, add_special_tokens=False)["input_ids"] == gguf_model.tokenizer.encode_chat(messages[0]["content"])
+    assert tokenizer.eos_token_id == gguf_model.tokenizer.eos_id
+    ours = resolve_model(str(exported))
+    torch.testing.assert_close(logits_of(ours.model), logits_of(gguf_model.model), rtol=0, atol=1e-5)
+
+
+def test_export_hf_refuses_bad_input_and_keeps_what_exists(tmp_path, exported):
+    from profiler.cli import main
+
+    assert main(["export-hf", "--out", str(exported)]) == 2            # exists: untouched
+    assert (exported / "model.safetensors").exists()
+    assert main(["export-hf", "--out", str(tmp_path / "x"), "--model", str(tmp_path)]) == 2
+    assert not (tmp_path / "x").exists() and not list(tmp_path.glob(".x.*"))

@@ -148,12 +148,18 @@ def load_hf_dir(folder: Path, dtype=torch.float32, device: str = "cpu") -> Loade
     if "lm_head.weight" not in tensors and not config.tied_embeddings:
         config = LlamaConfig(**{**config.__dict__, "tied_embeddings": True})     # a head-less checkpoint ties
     model = build_llama(config, weight, HF_NAMES, dtype, device, permute_qk=True)
+    return LoadedModel(model, config, _hf_tokenizer(folder, raw), folder.name, hf_folder_hash(folder))
+
+
+def hf_folder_hash(folder: Path) -> str:
+    """Identifies a Hugging Face folder's weights without reading them all: each shard's name, size
+    and first MiB."""
     digest = hashlib.sha256()
-    for shard in shards:
+    for shard in sorted(Path(folder).glob("*.safetensors")):
         digest.update(shard.name.encode() + str(shard.stat().st_size).encode())
         with shard.open("rb") as handle:
             digest.update(handle.read(1 << 20))
-    return LoadedModel(model, config, _hf_tokenizer(folder, raw), folder.name, digest.hexdigest()[:16])
+    return digest.hexdigest()[:16]
 
 
 def _hf_tokenizer(folder: Path, raw_config: dict):

@@ -39,10 +39,14 @@ def probe_shapes(max_context: int) -> dict:
             "prompt_tokens": min(PROBE_PROMPT_TOKENS, max_context // 2)}
 
 
-def write_run_folder(out: Path, steps, requests, summary: dict, outputs: list[dict], meta: dict) -> None:
-    """A run folder's five files (steps and requests as DataFrames), written into a temporary
-    folder renamed to `out` once complete; `out` must not exist."""
+def write_run_folder(out: Path, steps, requests, summary: dict, outputs: list[dict], meta: dict,
+                     extra_files: dict[str, str] | None = None) -> None:
+    """A run folder's five files (steps and requests as DataFrames), and any `extra_files` (name ->
+    text: a server's log), written into a temporary folder renamed to `out` once complete; `out`
+    must not exist."""
     def fill(folder: Path) -> None:
+        for name, text in (extra_files or {}).items():
+            (folder / name).write_text(text)
         steps.to_parquet(folder / STEPS, index=False)
         requests.to_parquet(folder / REQUESTS, index=False)
         (folder / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")

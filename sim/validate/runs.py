@@ -18,6 +18,8 @@ from sim.formats.run_folder import META, REQUESTS, STEPS, SUMMARY
 # What makes two runs' acceptance comparable, per method (besides the method and the draft shape).
 DRAFT_SETTINGS = {"ngram": (), "shadow": ("bits", "group_size"), "layerskip": ("exit_layer",),
                   "streaming": ("sink", "window"), "draft_model": ("draft_model", "draft_layers")}
+# Engines whose runs are a server's (profiler serve-live): continuous batching, no step records.
+SERVER_ENGINES = ("vllm",)
 # What makes two runs decode the same prompts in the same batches.
 SETTING = ("model", "dtype", "device", "threads", "seed", "context", "text", "prompts", "limit", "batch",
            "max_new_tokens", "temperature", "top_p")
@@ -104,6 +106,9 @@ def read_run(run_dir: Path) -> LiveRun:
         raise InputError("RUN_DIR", f"{run_dir} cannot be read ({exc.__class__.__name__})") from None
     if "arguments" not in meta or "method" not in summary:
         raise InputError("RUN_DIR", f"{run_dir}: meta.json or summary.json is not a live run's")
+    if meta.get("engine") in SERVER_ENGINES:
+        raise InputError("RUN_DIR", f"{run_dir}: a {meta['engine']} server run (profiler serve-live); "
+                                    f"server runs are not covered by validation yet")
     if len(steps):
         steps = steps[steps.run == "speculative"]
     return LiveRun(run_dir, meta, summary, requests, steps)

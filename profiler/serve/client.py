@@ -75,7 +75,7 @@ def stream_completion(host: str, port: int, prompt: list[int], max_tokens: int, 
                 record.chunk_tokens.append(len(ids))
                 record.tokens.extend(ids)
                 record.text += choice.get("text") or ""
-    except (OSError, http.client.HTTPException, ValueError) as exc:
+    except Exception as exc:      # a broken stream (an error event, no choices) is this request's failure
         record.error = f"{exc.__class__.__name__}: {exc}"
     finally:
         connection.close()

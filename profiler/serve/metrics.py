@@ -31,12 +31,13 @@ class SpecCounters:
 
     def summary(self) -> dict:
         """The counters with the rates they give: acceptance per position (accepted at position i
-        over drafts) and tokens committed per verification step (1 + accepted / drafts)."""
+        over drafts) and tokens committed per step that verified a draft (1 + accepted / drafts;
+        steps where the drafter proposed nothing are not counted by vLLM)."""
         out = {"drafts": self.drafts, "draft_tokens": self.draft_tokens, "accepted": self.accepted,
                "accepted_per_position": self.accepted_per_position}
         if self.drafts:
             out["acceptance_per_position"] = [a / self.drafts for a in self.accepted_per_position]
-            out["tokens_per_step"] = 1.0 + self.accepted / self.drafts
+            out["tokens_per_draft"] = 1.0 + self.accepted / self.drafts
             out["draft_acceptance_rate"] = self.accepted / self.draft_tokens if self.draft_tokens else None
         return out
 

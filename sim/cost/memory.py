@@ -27,6 +27,7 @@ class MemoryPlan:
     partial_cache_tokens: int      # SpecPV: extra tokens of partial cache held per request
     kv_capacity_tokens: int        # KV tokens the scheduler may hold (device, or host with kv offload)
     max_running: int | None = None  # with KV on the host, the SpecPV partial caches that fit the device
+    draft_window_kv_bytes: float = 0.0  # a windowed draft's KV (window x its bytes per running request)
 
     @property
     def weight_bytes_resident(self) -> float:
@@ -65,13 +66,15 @@ def plan_memory(scenario: Scenario, stacks: Stacks, max_request_tokens: int, con
     fixed = embeddings + draft_weights + workspace
 
     kv_per_token = kv_bytes_per_token(model, tp, scenario.kv_bytes)
+    window_bytes = 0.0
     if stacks.draft_owns_kv:
         draft_kv = kv_bytes_per_token(stacks.draft, tp, scenario.kv_bytes)
         if stacks.draft.kv_window is None:
             kv_per_token += draft_kv
         else:
-            # A draft with a StreamingLLM cache holds at most its window per running request.
-            fixed += running * stacks.draft.kv_window * draft_kv
+            # A draft with a StreamingLLM cache holds at most its window per running request:
+            # reserved up front for the requests the workload runs at once.
+            window_bytes = running * stacks.draft.kv_window * draft_kv
     partial_tokens = 0
     if spec.partial_verify is not None:
         pv = spec.partial_verify
@@ -80,10 +83,10 @@ def plan_memory(scenario: Scenario, stacks: Stacks, max_request_tokens: int, con
         partial_tokens = pv.static_tokens + buffer + spec.verify_tokens
     one_request_bytes = (max_request_tokens + partial_tokens) * kv_per_token
 
-    offloaded = _offloaded_layers(scenario, budget, fixed, layer_bytes, concurrency_hint * one_request_bytes,
+    offloaded = _offloaded_layers(scenario, budget, fixed + window_bytes, layer_bytes, concurrency_hint * one_request_bytes,
                                   one_request_bytes, model.layers)
     resident = model.layers - offloaded
-    free_device = budget - fixed - resident * layer_bytes
+    free_device = budget - fixed - window_bytes - resident * layer_bytes
     host_weights = offloaded * layer_bytes * tp      # every rank's shard of the offloaded layers
     host_memory = scenario.hardware_spec.host_memory_gb * GB
     if host_weights > host_memory:
@@ -103,10 +106,11 @@ def plan_memory(scenario: Scenario, stacks: Stacks, max_request_tokens: int, con
         raise InputError(
             "hardware.memory_gb",
             f"{scenario.hardware_spec.memory_gb:g} GB x {scenario.scheduler.kv_memory_fraction:g} cannot hold "
-            f"{fixed / GB:.2f} GB of embeddings, draft and workspace plus {resident} resident layers "
+            f"{fixed / GB:.2f} GB of embeddings, draft and workspace"
+            f"{f', {window_bytes / GB:.2f} GB of draft KV windows' if window_bytes else ''} plus {resident} resident layers "
             f"plus one request's KV ({one_request_bytes / GB:.2f} GB)")
     return MemoryPlan(budget, fixed, resident, offloaded, layer_bytes, kv_per_token, partial_tokens,
-                      int(kv_capacity), max_running)
+                      int(kv_capacity), max_running, window_bytes)
 
 
 def draft_offloaded_layers(scenario: Scenario, memory: MemoryPlan) -> int:

@@ -125,14 +125,17 @@ class Acceptance(Strict):
         return self
 
 
+STREAMING_KV_BUDGET = 512     # a streaming self-draft's KV tokens where draft.kv_budget is unset
+
+
 class Draft(Strict):
     model: str | None = None          # draft_model: preset or config.json
     bits: Literal[4, 8] = 4           # shadow: weight-only quantization of the target's layers
     group_size: PositiveInt = 64      # shadow
     exit_layer: PositiveInt | None = None   # layerskip
-    # streaming: sink + recent window the self-draft attends to; draft_model: set, the draft model's
-    # own KV is a StreamingLLM cache of this many tokens (MagicDec), unset, the whole context.
-    kv_budget: PositiveInt = 512
+    # streaming: sink + recent window the self-draft attends to (unset: 512); draft_model: set, the
+    # draft model's own KV is a StreamingLLM cache of this many tokens (MagicDec), unset, the whole context.
+    kv_budget: PositiveInt | None = None
     sink: PositiveInt = 32            # streaming / draft_model with kv_budget: of kv_budget, the sink part
     layers: PositiveInt = 1           # eagle / eagle3 / mtp / medusa head depth
     vocab: PositiveInt | None = None  # head vocabulary; default 32000 for eagle3, the target's otherwise
@@ -191,7 +194,7 @@ class Speculation(Strict):
             raise ValueError("method layerskip needs draft.exit_layer")
         if self.method == "medusa" and self.draft_depth > 8:
             raise ValueError("medusa has one head per draft position; more than 8 heads is unsupported")
-        if self.draft_kv_window is not None and self.draft.sink >= self.draft.kv_budget:
+        if self.draft_kv_window is not None and self.draft.sink >= self.draft_kv_window:
             raise ValueError("draft.sink must be below draft.kv_budget")
         if self.acceptance is not None and self.acceptance.tokens_per_step is not None:
             if self.acceptance.tokens_per_step > self.max_tokens_per_step:
@@ -211,9 +214,9 @@ class Speculation(Strict):
     def draft_kv_window(self) -> int | None:
         """KV tokens per request the draft attends to, None for the whole context: streaming's
         kv_budget, and a draft model's where the scenario sets one."""
-        if self.method == "streaming" or (self.method == "draft_model" and "kv_budget" in self.draft.model_fields_set):
-            return self.draft.kv_budget
-        return None
+        if self.method == "streaming":
+            return self.draft.kv_budget or STREAMING_KV_BUDGET
+        return self.draft.kv_budget if self.method == "draft_model" else None
 
     @property
     def draft_depth(self) -> int:

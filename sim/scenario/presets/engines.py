@@ -73,11 +73,12 @@ ENGINES: dict[str, EngineSpec] = {
                                request_overhead_s=4e-6, forward_overhead_s=30e-6, layer_overhead_s=0.0,
                                ngram_lookup_s=15e-6),
     # gpt-fast: torch.compile'd single-request loop; its README measures Llama-2-7B on an A100 at
-    # 1,397 GB/s in bf16 (~70% of 2,039) and 863 GB/s with int4 weights in groups of 32
-    # (torch's tinygemm kernel): 0.70 x 863 / 1,397 for int4.
+    # 1,397 GB/s in bf16 (~70% of 2,039) and 863 GB/s with int4 weights in groups of 32 (torch's
+    # tinygemm kernel; 0.625 bytes a weight with its bf16 scale and zero). In the bytes `int4`
+    # prices (0.52 a weight, groups of 128) that is 863 x 0.52 / 0.625 / 2,039 = 0.35.
     "gpt-fast": EngineSpec("gpt-fast", mem_efficiency=0.70, compute_efficiency=0.60, step_overhead_s=40e-6,
                            request_overhead_s=0.0, forward_overhead_s=20e-6, layer_overhead_s=0.0,
-                           ngram_lookup_s=20e-6, int4_mem_efficiency=0.43),
+                           ngram_lookup_s=20e-6, int4_mem_efficiency=0.35),
     # Hugging Face transformers in eager mode: every kernel launched from Python, so each decoder layer
     # costs a few hundred microseconds of launch time at small batch; generate() adds per-step work.
     # `sim validate --published --fit` searches layer_overhead_s and both efficiencies on the fit half

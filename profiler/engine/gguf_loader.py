@@ -114,7 +114,9 @@ def build_llama(config: LlamaConfig, weight, names: dict[str, str], dtype: torch
     return model.to(device=device, dtype=dtype).eval()
 
 
-def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> GGUFModel:
+def open_gguf(path: str | Path):
+    """(reader, weight): the file's GGUF reader and weight(name) -> that tensor dequantized to fp32
+    (a read-only view of the memory-mapped file where no dequantization was needed)."""
     import gguf
 
     path = Path(path)
@@ -124,7 +126,6 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> GGUFModel
         reader = gguf.GGUFReader(path)
     except Exception as exc:   # the gguf reader raises several types on a bad file
         raise ModelLoadError(f"{path} is not a readable GGUF file ({exc.__class__.__name__})") from None
-    config = read_config(reader)
     tensors = {t.name: t for t in reader.tensors}
 
     def weight(name: str) -> np.ndarray:
@@ -133,6 +134,13 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> GGUFModel
         t = tensors[name]
         return np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
 
+    return reader, weight
+
+
+def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> GGUFModel:
+    path = Path(path)
+    reader, weight = open_gguf(path)
+    config = read_config(reader)
     # torch.tensor copies: some arrays are read-only views of the memory-mapped file.
     model = build_llama(config, lambda name: torch.tensor(weight(name)), GGUF_NAMES, dtype)
     metadata = {key: _field(reader, key) for key in reader.fields

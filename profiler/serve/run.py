@@ -226,33 +226,36 @@ def throughput_tok_s(records: list[RequestRecord], wall_s: float) -> float:
     return sum(len(r.tokens) for r in records) / wall_s
 
 
-def tokens_per_step(records: list[RequestRecord], counters: SpecCounters) -> float:
-    """Tokens a decode step commits, over every step (greedy: each commits 1 + its accepted drafts,
-    so the steps are the decode tokens less the accepted ones); the first token is the prefill's."""
-    decode_tokens = sum(max(len(r.tokens) - 1, 0) for r in records)
-    return decode_tokens / max(decode_tokens - counters.accepted, 1)
+def decode_steps(records: list[RequestRecord], counters: SpecCounters) -> tuple[int, int]:
+    """(decode tokens, decode steps) over the requests: the first token is the prefill's, and a
+    greedy step commits 1 + its accepted drafts, so the steps are the decode tokens less the
+    accepted ones."""
+    tokens = sum(max(len(r.tokens) - 1, 0) for r in records)
+    return tokens, max(tokens - int(counters.accepted), 1)
+
+
+def latency_p50_ms(records: list[RequestRecord]) -> dict:
+    tpot = [r.tpot_s for r in records if r.tpot_s is not None]
+    return {"ttft_p50_ms": 1e3 * float(np.median([r.ttft_s for r in records])),
+            "tpot_p50_ms": 1e3 * float(np.median(tpot)) if tpot else None}
 
 
 def summarize(config: ServeConfig, records, wall_s: float, counters: SpecCounters, baseline) -> dict:
     spec = counters.summary() if config.method != "none" else None
-    summary = {"engine": config.engine, "method": config.method, "k": config.k if config.method != "none" else None,
+    summary = {"engine": config.engine, "method": config.method, "k": config.k if spec else None,
                "tree": None, "batch": config.batch, "rate_qps": config.rate, "requests": len(records),
-               "throughput_tok_s": throughput_tok_s(records, wall_s), "wall_s": wall_s,
-               "tokens_per_step": tokens_per_step(records, counters) if spec else None,
-               "ttft_p50_ms": 1e3 * float(np.median([r.ttft_s for r in records])),
-               "tpot_p50_ms": 1e3 * float(np.median([r.tpot_s for r in records if r.tpot_s is not None] or [np.nan])),
-               "time_share": {}}
+               "throughput_tok_s": throughput_tok_s(records, wall_s), "wall_s": wall_s, "tokens_per_step": None,
+               **latency_p50_ms(records), "time_share": {}}
     if spec is not None:
-        decode_tokens = sum(max(len(r.tokens) - 1, 0) for r in records)
-        spec["drafted_step_share"] = counters.drafts / max(decode_tokens - counters.accepted, 1)
+        tokens, steps = decode_steps(records, counters)
+        summary["tokens_per_step"] = tokens / steps
+        spec["drafted_step_share"] = counters.drafts / steps
         summary["spec_decode"] = spec
     if baseline is not None:
         base_records, base_wall_s, _ = baseline
         summary["baseline_throughput_tok_s"] = throughput_tok_s(base_records, base_wall_s)
         summary["speedup"] = summary["throughput_tok_s"] / summary["baseline_throughput_tok_s"]
-        summary["baseline_ttft_p50_ms"] = 1e3 * float(np.median([r.ttft_s for r in base_records]))
-        summary["baseline_tpot_p50_ms"] = 1e3 * float(np.median([r.tpot_s for r in base_records
-                                                                 if r.tpot_s is not None] or [np.nan]))
+        summary.update({f"baseline_{k}": v for k, v in latency_p50_ms(base_records).items()})
         same = [a.tokens == b.tokens for a, b in zip(records, base_records)]
         matching = sum(sum(x == y for x, y in zip(a.tokens, b.tokens)) for a, b in zip(records, base_records))
         summary["agreement"] = {"identical_requests": sum(same) / len(same),
@@ -266,7 +269,7 @@ def serve_meta(config: ServeConfig) -> dict:
     shape = hf_llama_config(config.model / "config.json")
     return {"device": "cpu", "cpu": platform.processor() or platform.machine(), "threads": config.threads,
             "engine": config.engine, "engine_version": vllm_version(config.venv), "python": platform.python_version(),
-            "dtype": {"fp32": "float32", "bf16": "bfloat16"}[config.dtype], "model": repo_relative(config.model),
+            "dtype": VLLM_DTYPES[config.dtype], "model": repo_relative(config.model),
             "model_hash": hf_folder_hash(config.model), "random_weights": False, "config": shape.__dict__,
             "arguments": config.recorded(), "git_revision": git_revision(), "seed": config.seed}
 

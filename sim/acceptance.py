@@ -11,6 +11,8 @@ that plus one (the target's bonus or corrected token). Forms:
 - request_spread: each request draws its own rate from a Beta with the given mean and std.
 - context_slope: the rate moves by this much per doubling of context beyond 1,024 tokens.
 - trace: replay per-step accepted counts from a file, one recorded request per simulated request.
+- draft_share: a request's step drafts with this probability (an n-gram drafter proposes only where
+  its history matches); a step without a draft verifies and commits one token.
 
 For a tree, "position" means depth: the rate that the accepted path extends one level deeper.
 """
@@ -194,6 +196,45 @@ class ReplayAcceptance(AcceptanceModel):
         return lambda rids, steps: self._rolled_back[self._index(rids, steps)]
 
 
+class DraftShareAcceptance(AcceptanceModel):
+    """Another model's draws at the steps where a request drafts, one token at the others. Whether
+    request r drafts at its step s is a fixed hash of (seed, r, s), so the pricing of a step (which
+    asks `verify_tokens` first) and its draw agree."""
+
+    uses_steps = True
+
+    def __init__(self, inner: AcceptanceModel, share: float, seed: int):
+        self.inner = inner
+        self.depth = inner.depth
+        self.share = share
+        self.seed = np.uint64(seed)
+        self.uses_context = inner.uses_context
+
+    def drafts(self, rids: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """[n] bool: these requests' steps that propose drafts (a SplitMix64 hash to a uniform)."""
+        with np.errstate(over="ignore"):
+            x = (rids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + steps.astype(np.uint64)
+                 * np.uint64(0xD1B54A32D192ED03) + self.seed)
+            x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+            x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+            x ^= x >> np.uint64(31)
+        return (x >> np.uint64(11)).astype(np.float64) * 2.0 ** -53 < self.share
+
+    def draw(self, n, rids, steps, context):
+        drafted = self.drafts(rids, steps)
+        tokens = np.ones(n, dtype=np.int64)
+        if drafted.any():
+            inner_rids = rids[drafted] if self.inner.uses_rids else None
+            inner_context = context[drafted] if context is not None else None
+            tokens[drafted] = self.inner.draw(int(drafted.sum()), inner_rids, steps[drafted], inner_context)[0]
+        return tokens, int(tokens.sum())
+
+    @property
+    def verify_tokens(self):
+        """(rids, step indices) -> tokens each request verifies: depth + 1 where it drafts, else 1."""
+        return lambda rids, steps: np.where(self.drafts(rids, steps), self.depth + 1, 1)
+
+
 def read_acceptance_trace(path: Path) -> list[np.ndarray]:
     """Per-request sequences of accepted drafts from CSV/Parquet/JSONL with an `accepted` column.
 
@@ -216,7 +257,14 @@ def read_acceptance_trace(path: Path) -> list[np.ndarray]:
 def build_acceptance(scenario: Scenario, requests: int, rng: np.random.Generator) -> AcceptanceModel:
     spec = scenario.speculation
     a: Acceptance = spec.acceptance
-    depth = spec.draft_depth
+    model = base_acceptance(a, spec.draft_depth, requests, rng)
+    if a.draft_share < 1.0:
+        return DraftShareAcceptance(model, a.draft_share, int(rng.integers(2 ** 63)))
+    return model
+
+
+def base_acceptance(a: Acceptance, depth: int, requests: int, rng: np.random.Generator) -> AcceptanceModel:
+    """The model of a drafting step's acceptance (draft_share aside)."""
     if a.tokens_per_step is not None:
         return ConstantAcceptance(a.tokens_per_step, depth)
     if a.trace is not None:

@@ -105,7 +105,7 @@ class PipelineSimulation:
         self.tree_width = spec.tree.tokens_per_draft_forward if spec.tree is not None else 1
         self.partial = spec.partial_verify if self.speculative else None
         self.final_check = self.partial is not None and self.partial.rectify
-        self.replayed_lengths = getattr(acceptance, "verify_tokens", None) if self.speculative else None
+        self.proposal_lengths = getattr(acceptance, "verify_tokens", None) if self.speculative else None
         self.pad_ragged = scenario.scheduler.pad_ragged
         self.static = scenario.scheduler.batching == "static"
         self.static_end_first = self.static and scenario.scheduler.static_end == "first"
@@ -239,11 +239,22 @@ class PipelineSimulation:
             seconds += self.plan_partial_verify(n, ctx, groups, plan, shares)
         else:
             V = self.verify_tokens
-            if self.replayed_lengths is not None:
-                # A replayed run whose drafter proposed fewer tokens at some steps: the forward
-                # verifies the longest proposal in the batch (shorter rows are padded).
-                V = int(self.replayed_lengths(s.rid[:n], s.steps[:n]).max())
             phase = VERIFY if self.speculative else DECODE
+            if self.proposal_lengths is not None:
+                # Steps where a request's drafter proposed fewer tokens (a replayed run, or n-gram
+                # drafting only where the history matches): a static-shape engine pads every row to
+                # the longest proposal; a flattening one (vLLM) verifies each row's own tokens.
+                lengths = self.proposal_lengths(s.rid[:n], s.steps[:n])
+                if self.pad_ragged:
+                    V = int(lengths.max())
+                else:
+                    kv = ctx + (lengths - 1)
+                    tokens = int(lengths.sum())
+                    verify = Group(phase, n, tokens, int(lengths.max()), int(kv.sum()), tokens, lengths,
+                                   kv if self.target_needs_kv else None)
+                    groups = [prefill, verify] if prefill is not None else [verify]
+                    return seconds + cost.forward(stacks.target, groups, shares, offloaded_layers=self.offloaded_layers,
+                                                  kv_offloaded=self.kv_offloaded), plan
             if prefill is None:
                 return seconds + cost.forward_uniform(
                     stacks.target, phase, n, V, ctx_sum + n * (V - 1), shares, context=ctx, kv_offset=V - 1,

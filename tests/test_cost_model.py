@@ -120,3 +120,33 @@ def test_full_verify_group_pays_for_refed_tokens(tiny_config):
     plain = cost.forward(target, [uniform_group(VERIFY, 1, 4, 1000)], shares())
     refeed = cost.forward(target, [Group(FULL, 1, 24, 24, 1000, 24)], shares())
     assert refeed > plain
+
+
+def test_a_black_box_step_of_several_groups_pays_the_step_fixed_cost_once():
+    """vLLM's bundle times whole server steps: a step that prefills one request and decodes others
+    is one forward, so it pays the cheapest measured step (the fixed cost) once, not twice."""
+    from conftest import REPO
+    from sim.cost.calibrated import CalibratedCostModel
+    from sim.formats.bundle import load_bundle
+
+    path = REPO / "calibration" / "cpu-vllm" / "smollm2-135m"
+    scenario = load_scenario({"hardware": "cpu", "model": "smollm2-135m", "dtype": "fp32", "engine": "vllm",
+                              "calibration": str(path), "workload": {"concurrency": 1, "requests": 1,
+                                                                     "prompt_tokens": 8, "output_tokens": 8}})
+    bundle = load_bundle(path)
+    cost = CalibratedCostModel(scenario, bundle)
+    target = build_stacks(scenario).target
+    forward, prefill = bundle.table("engine_forward"), bundle.table("engine_prefill")
+    decode = uniform_group(DECODE, 4, 3, 4 * 544)
+    prompt = Group(PREFILL, 1, 256, 256, 256, 1, [256], [256])
+    alone_decode = cost.forward(target, [decode], shares())
+    alone_prompt = cost.forward(target, [prompt], shares())
+    assert alone_decode == pytest.approx(forward(4, 3, 544))
+    assert alone_prompt == pytest.approx(prefill(1, 256))
+    fixed = forward(1, 1, bundle.table("engine_forward").axes[2][0])
+    parts = shares()
+    both = cost.forward(target, [prompt, decode], parts)
+    assert both == pytest.approx(alone_decode + alone_prompt - fixed)
+    assert sum(parts) == pytest.approx(both)          # the shares split the step's time
+    # The drafter's work is inside the measured steps: no separate n-gram time.
+    assert cost.host_draft(4, shares(), 600.0) == 0.0

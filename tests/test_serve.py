@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import SHARED_DATA
 from profiler.cli import main
 from profiler.serve.metrics import parse_spec_counters
 
@@ -88,7 +89,51 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, exported, fake_venv, capsys)
     with pytest.raises(SystemExit) as exc:
         serve("--model", exported, "--batch", 2, "--rate", 1.0, "--out", out)
     assert exc.value.code == 2
+    # Several runs on one server: each takes its own prompts, so --limit must say how many.
+    assert serve("--model", exported, "--venv", fake_venv, "--batch", 1, 2, "--out", out) == 2
+    assert "several runs need --limit" in capsys.readouterr().err
+    assert serve("--model", exported, "--venv", fake_venv, "--batch", 1, 2, 4, "--limit", 2, 3, "--out", out) == 2
+    assert "one per load (3)" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_several_runs_take_consecutive_prompts_and_folders_of_their_own(tmp_path, exported):
+    from profiler.engine.loaders import _hf_tokenizer
+    from profiler.serve.run import place_prompts, settings_of
+
+    values = {"engine": "vllm", "model": exported, "venv": Path(".vllm-venv"), "method": "ngram", "k": 4,
+              "prompt_lookup_min": 2, "prompt_lookup_max": 4, "batch": [1, 4], "rate": None, "limit": [2, 3],
+              "context": [256, 512], "text": SHARED_DATA / "pride_and_prejudice.txt", "max_new_tokens": 8, "baseline": False,
+              "dtype": "fp32", "threads": 2, "max_model_len": 2048, "port": 8391, "seed": 0, "out": tmp_path / "s"}
+    configs = settings_of(dict(values))
+    assert [c.out.name for c in configs] == ["ngram-k4-c256-b1", "ngram-k4-c256-b4", "ngram-k4-c512-b1",
+                                             "ngram-k4-c512-b4"]
+    assert [(c.context, c.batch, c.limit) for c in configs] == [(256, 1, 2), (256, 4, 3), (512, 1, 2), (512, 4, 3)]
+    tok = _hf_tokenizer(exported, json.loads((exported / "config.json").read_text()))
+    placed, prompt_sets = place_prompts(configs, tok)
+    assert [len(p) for p, _ in prompt_sets] == [2, 3, 2, 3]
+    assert all(len(p) == c.context for c, (ps, _) in zip(placed, prompt_sets) for p in ps)
+    # No two prompts share an excerpt: each run starts where the one before ended.
+    excerpts = [tuple(p[40:60]) for ps, _ in prompt_sets for p in ps]
+    assert len(set(excerpts)) == len(excerpts)
+    assert placed[0].text_start == 0 and placed[1].text_start > 0 and placed[3].text_start > placed[2].text_start
+
+
+def test_calibration_steps_are_the_gaps_while_all_requests_decode_and_lie_on_the_query_axis(exported):
+    from profiler.serve.calibrate import StepPoint, all_decoding_gaps, decode_prompts, on_query_axis
+    from profiler.serve.client import RequestRecord
+
+    # Request 1 starts late and request 0 ends early: only gaps inside [0.3, 0.7] count.
+    a, b = RequestRecord(0, 8, chunk_s=[0.1, 0.3, 0.5, 0.7]), RequestRecord(1, 8, chunk_s=[0.3, 0.45, 0.6, 0.75, 0.9])
+    assert sorted(all_decoding_gaps([a, b])) == pytest.approx([0.15, 0.15, 0.2, 0.2])
+    # Step times at query 1 and measured 2.5 and 4.5 (k = 2, 4 cut short): read at 1, 3, 5 on the line.
+    points = [StepPoint(1, 128, 0, 0.010, 1.0, 9), StepPoint(1, 128, 2, 0.013, 2.5, 9),
+              StepPoint(1, 128, 4, 0.017, 4.5, 9)]
+    assert on_query_axis(points, [1, 3, 5]) == pytest.approx([0.010, 0.014, 0.018])
+    # Decode prompts: a phrase of its own repeated per request (every n-gram lookup matches).
+    prompts = decode_prompts(exported / "tokenizer.json", 2, 60, seed=0)
+    assert [len(p) for p in prompts] == [60, 60] and prompts[0] != prompts[1]
+    assert all(any(p[:n] == p[n:2 * n] for n in range(4, 21)) for p in prompts)
 
 
 def vllm_venv():
@@ -148,4 +193,13 @@ def test_vllm_serves_ngram_speculation_and_the_run_folder_records_it(tmp_path, e
     assert (out / "server-baseline.log").exists()
     from sim.cli import main as sim_main
 
-    assert sim_main(["validate", str(out), "--out", str(tmp_path / "v")]) == 2     # not yet: one line
+    # The simulator predicts the run from the committed black-box bundle of vLLM on this CPU class.
+    assert sim_main(["validate", str(out), "--out", str(tmp_path / "v")]) == 2     # a server run needs its bundle
+    bundle = ROOT / "calibration" / "cpu-vllm" / "smollm2-135m"
+    assert sim_main(["validate", str(out), "--calibration", str(bundle), "--out", str(tmp_path / "v")]) == 0
+    frame = pd.read_csv(tmp_path / "v" / "validation.csv", comment="#")
+    assert list(frame.prediction) == ["own"]              # a single run: no other run to fit on
+    row = frame.iloc[0]
+    assert row.measured_speedup == pytest.approx(summary["speedup"]) and row.predicted_speedup > 0
+    assert row.measured_tokens_per_step == pytest.approx(summary["tokens_per_step"])
+    assert 1.0 <= row.predicted_tokens_per_step <= 4.0 and row.predicted_ttft_p50_ms > 0

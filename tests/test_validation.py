@@ -335,3 +335,82 @@ def test_static_shape_padding_makes_mixed_specpv_steps_cost_more():
                                     "partial_verify": {"budget": 1024, "period": 24}}}
         return simulate(scenario).run.makespan_s
     assert makespan(True) > makespan(False) * 1.01
+
+
+def test_draft_share_drafts_that_share_of_steps_and_commits_one_token_at_the_others():
+    from sim.acceptance import ConstantAcceptance, DraftShareAcceptance
+
+    model = DraftShareAcceptance(ConstantAcceptance(5.0, 4), 0.3, seed=7)
+    rids = np.repeat(np.arange(50), 200)
+    steps = np.tile(np.arange(200), 50)
+    drafted = model.drafts(rids, steps)
+    assert abs(drafted.mean() - 0.3) < 0.02
+    tokens, total = model.draw(len(rids), rids, steps, None)
+    # Where it drafts, every draft is accepted (5 tokens); elsewhere one token, verified alone.
+    assert set(tokens[drafted]) == {5} and set(tokens[~drafted]) == {1} and total == tokens.sum()
+    assert model.verify_tokens(rids, steps).tolist() == np.where(drafted, 5, 1).tolist()
+    # The same (request, step) always drafts or not: pricing and drawing agree.
+    assert (model.drafts(rids, steps) == drafted).all()
+
+
+def test_a_drafted_share_below_one_commits_and_costs_less_in_a_flattening_engine():
+    scenario = {**replay_scenario([65, 65]), "scheduler": {"max_batch": 2, "prefill_chunk": 128, "pad_ragged": False}}
+    scenario["speculation"] = {"method": "ngram", "num_speculative_tokens": 4,
+                               "acceptance": {"per_position": [0.9, 0.9, 0.9, 0.9]}}
+    every = simulate(scenario)
+    scenario["speculation"]["acceptance"]["draft_share"] = 0.25
+    some = simulate(scenario)
+    tps = lambda r: sum(k * c for k, c in r.run.tokens_per_step_histogram.items()) / sum(r.run.tokens_per_step_histogram.values())
+    expected = 1 + 0.25 * sum(np.cumprod([0.9] * 4))
+    assert abs(tps(some) - expected) < 0.25 and tps(every) > 3.5
+    # Padded (a static-shape engine) a step verifies the longest row: slower than ragged.
+    padded = simulate({**scenario, "scheduler": {**scenario["scheduler"], "pad_ragged": True}})
+    assert padded.run.tokens_per_step_histogram == some.run.tokens_per_step_histogram
+    assert padded.run.makespan_s > some.run.makespan_s
+    with pytest.raises(InputError, match="draft_share"):
+        from sim.scenario.schema import load_scenario
+        load_scenario({**scenario, "speculation": {**scenario["speculation"],
+                                                   "acceptance": {"trace": "x.csv", "draft_share": 0.5}}})
+
+
+def server_run(tmp_path, name, method="ngram", k=4, drafts=0.0, per_position=(), batch=2, tok_s=10.0, outputs=(9, 9)):
+    from sim.validate.runs import ServerRun
+
+    requests = pd.DataFrame({"request": range(len(outputs)), "prompt_tokens": [100] * len(outputs),
+                             "output_tokens": list(outputs), "sent_s": [0.0] * len(outputs)})
+    args = {"k": k, "prompt_lookup_min": 2, "prompt_lookup_max": 4, "batch": batch, "rate": None, "limit": len(outputs)}
+    spec = {"drafts": drafts, "accepted": float(sum(per_position)), "accepted_per_position": list(per_position)}
+    summary = {"method": method, "throughput_tok_s": tok_s, "ttft_p50_ms": 50.0, "tpot_p50_ms": 30.0,
+               "spec_decode": spec if method != "none" else None}
+    meta = {"arguments": args, "engine": "vllm", "dtype": "float32", "seed": 0}
+    return ServerRun(tmp_path / name, meta, summary, requests)
+
+
+def test_server_acceptance_is_the_counters_conditional_rates_and_drafted_share(tmp_path):
+    from sim.validate.server import server_acceptance
+
+    # 16 decode tokens, 6 accepted: 10 request-steps, 4 of them drafted; positions accepted 3, 2, 1, 0.
+    run = server_run(tmp_path, "a", drafts=4.0, per_position=(3.0, 2.0, 1.0, 0.0))
+    assert run.decode_steps == 10
+    block = server_acceptance([run])
+    assert block["draft_share"] == 0.4
+    assert block["per_position"] == [0.75, round(2 / 3, 4), 0.5, 0.0]
+    # Pooled: the counters summed before the rates are taken.
+    other = server_run(tmp_path, "b", drafts=6.0, per_position=(6.0, 6.0, 6.0, 6.0), outputs=(17, 17))
+    pooled = server_acceptance([run, other])
+    assert pooled["per_position"][0] == 0.9 and pooled["draft_share"] == round(10 / (10 + 8), 4)
+    assert server_acceptance([server_run(tmp_path, "c", drafts=0.0)]) is None
+
+
+def test_a_folder_of_run_folders_expands_to_them_by_name(tmp_path):
+    from sim.formats.campaign import expand_run_folders
+
+    for name in ("none-c512-b2", "none-c512-b1"):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "meta.json").write_text("{}")
+    (tmp_path / "runs" / "notes").mkdir()
+    assert expand_run_folders([tmp_path / "runs"]) == [tmp_path / "runs" / "none-c512-b1",
+                                                       tmp_path / "runs" / "none-c512-b2"]
+    # A run folder, or a folder that holds none, stays as given (reading it then says what is wrong).
+    assert expand_run_folders([tmp_path / "runs" / "none-c512-b1"]) == [tmp_path / "runs" / "none-c512-b1"]
+    assert expand_run_folders([tmp_path / "runs" / "notes"]) == [tmp_path / "runs" / "notes"]

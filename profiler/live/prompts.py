@@ -10,25 +10,31 @@ from sim.errors import InputError
 LONG_CONTEXT_ASK = "Summarize the following text in a few sentences.\n\n"
 
 
-def long_context_prompts(tok, text_path: Path, context_tokens: int, count: int) -> list[list[int]]:
+def long_context_frame(tok) -> tuple[list[int], list[int]]:
+    """The token ids before and after a long-context prompt's excerpt: the chat template around the
+    instruction to summarize."""
+    marker = "\x00"
+    before, after = tok.apply_chat_template([{"role": "user", "content": marker}]).split(marker)
+    return tok.encode(before + LONG_CONTEXT_ASK), tok.encode(after)
+
+
+def long_context_prompts(tok, text_path: Path, context_tokens: int, count: int, start_token: int = 0) -> list[list[int]]:
     """`count` chat prompts of exactly `context_tokens` tokens: an instruction to summarize, then
-    consecutive excerpts of the text (each request its own), inside the chat template. The excerpt
-    is spliced in as token ids, so the length is exact."""
+    consecutive excerpts of the text from its token `start_token` on (each request its own), inside
+    the chat template. The excerpt is spliced in as token ids, so the length is exact."""
     try:
         text = text_path.read_text(errors="replace")
     except OSError as exc:
         raise InputError("--text", f"cannot read {text_path}: {exc.strerror or exc}") from None
-    marker = "\x00"
-    before, after = tok.apply_chat_template([{"role": "user", "content": marker}]).split(marker)
-    head, tail = tok.encode(before + LONG_CONTEXT_ASK), tok.encode(after)
+    head, tail = long_context_frame(tok)
     room = context_tokens - len(head) - len(tail)
     if room < 16:
         raise InputError("--context", f"{context_tokens} leaves no room beside the {len(head) + len(tail)}-token "
                                          f"template")
-    body = tok.encode(text)
+    body = tok.encode(text)[start_token:]
     if len(body) < room * count:
-        raise InputError("--text", f"{text_path} has {len(body)} tokens; {count} prompts of {context_tokens} "
-                                      f"need {room * count}")
+        raise InputError("--text", f"{text_path} has {len(body)} tokens past token {start_token}; {count} prompts of "
+                                      f"{context_tokens} need {room * count}")
     return [head + body[i * room:(i + 1) * room] + tail for i in range(count)]
 
 

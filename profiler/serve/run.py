@@ -32,6 +32,7 @@ from sim.errors import InputError
 from sim.formats.provenance import git_revision, repo_relative
 
 VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+WARM_UP_TOKENS = 32
 
 
 class ServeConfig(BaseModel):
@@ -49,6 +50,8 @@ class ServeConfig(BaseModel):
     rate: float | None = None            # open loop: Poisson arrivals per second (instead of batch)
     prompts: Path = DEFAULT_PROMPTS      # JSONL with `prompt` or `turns`, optional `category`
     limit: int | None = None             # the first N prompts
+    first_prompt: int = 0                # JSONL: prompts skipped before the first one used
+    text_start: int = 0                  # long-context: tokens of the text skipped before the first excerpt
     context: int | None = None           # long-context mode: prompts of this many tokens cut from `text`
     text: Path | None = None
     max_new_tokens: int = 64
@@ -99,16 +102,47 @@ def check_serve_config(config: ServeConfig) -> None:
         raise InputError("--port", f"must be a TCP port (got {config.port})")
 
 
+def settings_of(values: dict) -> list[ServeConfig]:
+    """The command line's runs: every context (or none) with every batch or rate. One run is written
+    to --out; several to --out/NAME each (NAME: drafter, context, load, e.g. ngram-k4-c512-b8: unique
+    across a study's servers), and then --limit must say how many prompts each takes."""
+    loads = [("batch", b) for b in values.pop("batch") or []] + [("rate", r) for r in values.pop("rate") or []]
+    loads = loads or [("batch", 1)]
+    contexts = values.pop("context") or [None]
+    out = values.pop("out")
+    limits = values.pop("limit") or [None]
+    if len(limits) not in (1, len(loads)):
+        raise InputError("--limit", f"give one value or one per load ({len(loads)}), not {len(limits)}")
+    limits = limits * len(loads) if len(limits) == 1 else limits
+    runs = [(c, kind, v, n) for c in contexts for (kind, v), n in zip(loads, limits)]
+    if len(runs) > 1 and limits[0] is None:
+        raise InputError("--limit", "several runs need --limit: the prompts each run takes")
+    if len(runs) > 1 and Path(out).exists():
+        raise InputError("--out", f"{out} exists; give a new folder")
+    configs = []
+    for context, kind, value, limit in runs:
+        drafter = "none" if values["method"] == "none" else f"{values['method']}-k{values['k']}"
+        name = f"{drafter}-" + (f"c{context}-" if context is not None else "") + \
+            (f"b{value}" if kind == "batch" else f"r{value:g}")
+        load = {"batch": value, "rate": None} if kind == "batch" else {"batch": None, "rate": value}
+        configs.append(ServeConfig(**values, **load, context=context, limit=limit,
+                                   out=out if len(runs) == 1 else Path(out) / name))
+    return configs
+
+
 def build_prompts(config: ServeConfig, tok) -> tuple[list[list[int]], list[dict]]:
     """Token-id prompts and their rows, as `profiler live` builds them."""
     from profiler.live.prompts import long_context_prompts, read_prompts
 
     if config.context is not None:
         count = config.limit or 4
-        prompts = long_context_prompts(tok, config.text, config.context, count)
+        prompts = long_context_prompts(tok, config.text, config.context, count, config.text_start)
         rows = [{"text": None, "category": f"context-{config.context}"} for _ in prompts]
     else:
-        rows = read_prompts(config.prompts, config.limit)
+        rows = read_prompts(config.prompts, None)[config.first_prompt:]
+        rows = rows[:config.limit] if config.limit is not None else rows
+        if not rows:
+            raise InputError("--prompts", f"{config.prompts} has no prompts past the first {config.first_prompt}")
         prompts = [tok.encode_chat(r["text"]) for r in rows]
     longest = max(len(p) for p in prompts) + config.max_new_tokens + config.k + 1
     if longest > config.max_model_len:
@@ -118,7 +152,15 @@ def build_prompts(config: ServeConfig, tok) -> tuple[list[list[int]], list[dict]
 
 
 def serve_live(config: ServeConfig) -> dict:
-    """Run it; returns the summary (also written to the folder)."""
+    """One setting; returns its summary (also written to its folder)."""
+    return serve_settings([config])[0]
+
+
+def serve_settings(configs: list[ServeConfig]) -> list[dict]:
+    """Several settings (load, context) of one server configuration: each server (speculative, and
+    with --baseline the same without speculation) starts once and serves every setting in turn, each
+    on prompts of its own (a later setting starts where the earlier ones' prompts ended, so vLLM's
+    prefix cache never holds them); each setting is written to its own run folder."""
     import pandas as pd
 
     from profiler.engine.gguf_loader import ModelLoadError
@@ -126,67 +168,99 @@ def serve_live(config: ServeConfig) -> dict:
     from profiler.serve.server import check_server_config
     from sim.formats.run_folder import write_run_folder
 
-    check_serve_config(config)
-    server_base = ServerConfig(model=config.model, venv=config.venv, port=config.port, dtype=VLLM_DTYPES[config.dtype],
-                               max_model_len=config.max_model_len, threads=config.threads, seed=config.seed)
+    for config in configs:
+        check_serve_config(config)
+    first = configs[0]
+    server_base = ServerConfig(model=first.model, venv=first.venv, port=first.port, dtype=VLLM_DTYPES[first.dtype],
+                               max_model_len=first.max_model_len, threads=first.threads, seed=first.seed)
     check_server_config(server_base)
     try:
-        raw = json.loads((config.model / "config.json").read_text())
-        meta = serve_meta(config)
+        raw = json.loads((first.model / "config.json").read_text())
+        meta = serve_meta(first)
     except (ValueError, ModelLoadError) as exc:
-        raise InputError("--model", f"{config.model}/config.json: {exc}") from None
-    tok = _hf_tokenizer(config.model, raw)
+        raise InputError("--model", f"{first.model}/config.json: {exc}") from None
+    tok = _hf_tokenizer(first.model, raw)
     if tok is None:
-        raise InputError("--model", f"{config.model} has no tokenizer.json")
-    prompts, rows = build_prompts(config, tok)
-    plans = [("speculative", config.speculative_config())]
-    if config.baseline and config.method != "none":
+        raise InputError("--model", f"{first.model} has no tokenizer.json")
+    configs, prompt_sets = place_prompts(configs, tok)
+    plans = [("speculative", first.speculative_config())]
+    if first.baseline and first.method != "none":
         plans.append(("baseline", None))
 
-    # The servers' logs stay here until the folder is written; a failed run keeps them for its message.
+    # The servers' logs stay here until the folders are written; a failed run keeps them for its message.
     scratch = Path(tempfile.mkdtemp(prefix="serve-live-"))
     with _stopped_by_sigterm():
-        results = {name: run_server(config, server_base, speculative, prompts, scratch / f"server-{name}.log")
+        results = {name: run_server(configs, server_base, speculative, prompt_sets, scratch / f"server-{name}.log")
                    for name, speculative in plans}
     logs = {f"server-{name}.log": (scratch / f"server-{name}.log").read_text(errors="replace") for name, _ in plans}
 
-    records, wall_s, counters = results["speculative"]
-    summary = summarize(config, records, wall_s, counters, results.get("baseline"))
-    requests = pd.DataFrame([request_row(r, rows[r.request]) for r in records])
-    outputs = [{"request": r.request, "text": r.text, "tokens": r.tokens} for r in records]
-    write_run_folder(config.out, pd.DataFrame(columns=["run", "request", "step"]), requests, summary, outputs, meta,
-                     extra_files=logs)
+    summaries = []
+    for i, (config, (_, rows)) in enumerate(zip(configs, prompt_sets)):
+        records, wall_s, counters = results["speculative"][i]
+        baseline = results["baseline"][i] if "baseline" in results else None
+        summary = summarize(config, records, wall_s, counters, baseline)
+        requests = pd.DataFrame([request_row(r, rows[r.request]) for r in records])
+        outputs = [{"request": r.request, "text": r.text, "tokens": r.tokens} for r in records]
+        run_meta = {**meta, "arguments": config.recorded()}
+        write_run_folder(config.out, pd.DataFrame(columns=["run", "request", "step"]), requests, summary, outputs,
+                         run_meta, extra_files=logs)
+        print(json.dumps({"out": repo_relative(config.out), **{k: v for k, v in summary.items() if k != "spec_decode"}},
+                         indent=2))
+        summaries.append(summary)
     shutil.rmtree(scratch, ignore_errors=True)
-    print(json.dumps({k: v for k, v in summary.items() if k != "spec_decode"}, indent=2))
-    return summary
+    return summaries
 
 
-def run_server(config: ServeConfig, server_base: ServerConfig, speculative: dict | None, prompts: list[list[int]],
-               log: Path) -> tuple[list[RequestRecord], float, SpecCounters]:
-    """One server's run: start, warm up, counters, client, counters, stop. A request that fails or
-    comes back short is one line naming the server's log."""
+def place_prompts(configs: list[ServeConfig], tok) -> tuple[list[ServeConfig], list[tuple]]:
+    """Each setting's prompts, a later setting's after the earlier ones' (JSONL lines, or tokens of
+    the text), and the configs with where theirs start."""
+    from profiler.live.prompts import long_context_frame
+
+    frame = sum(len(part) for part in long_context_frame(tok))
+    placed, prompt_sets = [], []
+    line, text_token = configs[0].first_prompt, configs[0].text_start
+    for config in configs:
+        config = config.model_copy(update={"first_prompt": line, "text_start": text_token})
+        prompts, rows = build_prompts(config, tok)
+        if config.context is not None:
+            text_token += len(prompts) * (config.context - frame)
+        else:
+            line += len(prompts)
+        placed.append(config)
+        prompt_sets.append((prompts, rows))
+    return placed, prompt_sets
+
+
+def run_server(configs: list[ServeConfig], server_base: ServerConfig, speculative: dict | None,
+               prompt_sets: list[tuple], log: Path) -> list[tuple[list[RequestRecord], float, SpecCounters]]:
+    """One server serving every setting in turn: start, warm up, then per setting counters, client,
+    counters; stop. A request that fails or comes back short is one line naming the server's log."""
     server_config = ServerConfig(**{**server_base.__dict__, "speculative": speculative, "log": log})
+    results = []
     with VllmServer(server_config) as server:
-        warm = RequestRecord(-1, len(prompts[0]))
-        stream_completion(HOST, config.port, prompts[0][:32], 4, warm, 0.0, SERVED_NAME)
+        # A warm-up prompt no setting shares a prefix with (prefix caching stays cold for them).
+        warm = RequestRecord(-1, WARM_UP_TOKENS)
+        stream_completion(HOST, server_config.port, list(range(1000, 1000 + WARM_UP_TOKENS)), 4, warm, 0.0, SERVED_NAME)
         if warm.error:
             raise InputError("--model", f"the server's warm-up request failed ({warm.error}); log: {log}")
-        before = scrape_counters(server.url, log)
-        if config.rate is not None:
-            records, wall_s = run_poisson(HOST, config.port, prompts, config.rate, config.max_new_tokens,
-                                          SERVED_NAME, config.seed)
-        else:
-            records, wall_s = run_closed_loop(HOST, config.port, prompts, config.batch, config.max_new_tokens,
-                                              SERVED_NAME)
-        counters = scrape_counters(server.url, log).minus(before)
-    for r in records:
-        if r.error is None and len(r.tokens) != config.max_new_tokens:
-            r.error = f"{len(r.tokens)} of {config.max_new_tokens} tokens came back"
-    failed = [r for r in records if r.error]
-    if failed:
-        raise InputError("--model", f"{len(failed)} of {len(records)} requests failed (first: {failed[0].error}); "
-                                    f"log: {log}")
-    return records, wall_s, counters
+        for config, (prompts, _) in zip(configs, prompt_sets):
+            before = scrape_counters(server.url, log)
+            if config.rate is not None:
+                records, wall_s = run_poisson(HOST, config.port, prompts, config.rate, config.max_new_tokens,
+                                              SERVED_NAME, config.seed)
+            else:
+                records, wall_s = run_closed_loop(HOST, config.port, prompts, config.batch, config.max_new_tokens,
+                                                  SERVED_NAME)
+            counters = scrape_counters(server.url, log).minus(before)
+            for r in records:
+                if r.error is None and len(r.tokens) != config.max_new_tokens:
+                    r.error = f"{len(r.tokens)} of {config.max_new_tokens} tokens came back"
+            failed = [r for r in records if r.error]
+            if failed:
+                raise InputError("--model", f"{len(failed)} of {len(records)} requests failed (first: {failed[0].error}); "
+                                            f"log: {log}")
+            results.append((records, wall_s, counters))
+    return results
 
 
 def scrape_counters(url: str, log: Path) -> SpecCounters:

@@ -121,6 +121,17 @@ class _BlackBox:
         self.forward = bundle.table("engine_forward")
         self.prefill = bundle.table("engine_prefill")
         self.query_max = float(self.forward.axes[1][-1])
+        # Every measured point is a whole step of its own, so each holds the step's fixed cost (the
+        # weights read, the host's step work); the cheapest step measured is taken as that cost.
+        self.fixed_s = float(self.forward(1, 1, float(self.forward.axes[2][0])))
+
+    def step_s(self, groups: Sequence[Group]) -> tuple[float, list[float]]:
+        """A step of these groups and each group's own time: a continuous-batching engine runs them
+        as one forward, which pays the step's fixed cost once, not once a group (never less than
+        its costliest group)."""
+        own = [self.group_s(g) if g.tokens else 0.0 for g in groups]
+        parts = sum(1 for g in groups if g.tokens)
+        return max(sum(own) - (parts - 1) * self.fixed_s, max(own, default=0.0)), own
 
     def group_s(self, group: Group) -> float:
         n = max(group.requests, 1)
@@ -207,12 +218,11 @@ class CalibratedCostModel(RooflineCostModel):
             return super().forward(stack, groups, shares, offloaded_layers=offloaded_layers,
                                    kv_offloaded=kv_offloaded, repeat=repeat)
         if isinstance(p, _BlackBox):
-            seconds = 0.0
-            for g in groups:
-                if g.tokens:
-                    own = p.group_s(g)
-                    shares[g.phase] += own * repeat
-                    seconds += own
+            seconds, own = p.step_s(groups)
+            total = sum(own)
+            for g, part in zip(groups, own):
+                if part:
+                    shares[g.phase] += part * seconds / total * repeat
             return seconds * repeat
         tokens = sum(g.tokens for g in groups)
         logits = sum(g.logits_tokens for g in groups)
@@ -271,7 +281,10 @@ class CalibratedCostModel(RooflineCostModel):
         return seconds
 
     def host_draft(self, requests: int, shares: list[float], context_tokens: float | None = None) -> float:
-        """Prompt lookup for each request over its history (the measured lookup at the mean context)."""
+        """Prompt lookup for each request over its history (the measured lookup at the mean context);
+        nothing where the bundle's steps were timed with the drafter inside them (vLLM's server)."""
+        if self.bundle.fits.get("host_work_in_steps"):
+            return 0.0
         ngram = self.bundle.table("ngram")
         if ngram is None or context_tokens is None:
             return super().host_draft(requests, shares)

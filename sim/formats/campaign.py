@@ -77,8 +77,18 @@ def campaign_run_folders(folder: Path) -> list[Path]:
 
 
 def expand_run_folders(paths: list[Path]) -> list[Path]:
-    """Run folders as given, each campaign folder replaced by its run folders."""
+    """Run folders as given, each campaign folder replaced by its run folders, and a folder of run
+    folders (`profiler serve-live` with several loads) by the run folders in it, by name."""
+    from sim.formats.run_folder import META
+
     out = []
     for path in paths:
-        out += campaign_run_folders(path) if is_campaign(path) else [Path(path)]
+        path = Path(path)
+        if is_campaign(path):
+            out += campaign_run_folders(path)
+        elif path.is_dir() and not (path / META).exists() and (inside := sorted(p for p in path.iterdir()
+                                                                                 if (p / META).is_file())):
+            out += inside
+        else:
+            out.append(path)
     return out

@@ -112,6 +112,9 @@ class Acceptance(Strict):
     trace: Path | None = None
     request_spread: NonNegativeFloat = 0.0   # std of the per-request rate across requests (Beta)
     context_slope: float = 0.0               # change of the rate per doubling of context past 1024
+    # Share of a request's steps at which the drafter proposes at all (an n-gram drafter only where
+    # the history matches); at the others the request verifies and commits one token.
+    draft_share: float = Field(default=1.0, gt=0.0, le=1.0)
 
     @model_validator(mode="after")
     def _check_one_form(self):
@@ -122,6 +125,8 @@ class Acceptance(Strict):
             raise ValueError(f"give exactly one of tokens_per_step, rate, per_position, trace (got {got})")
         if (self.request_spread or self.context_slope) and forms[0] not in ("rate", "per_position"):
             raise ValueError("request_spread and context_slope apply to rate or per_position")
+        if self.draft_share < 1.0 and forms[0] == "trace":
+            raise ValueError("draft_share does not apply to a trace (it records every step)")
         return self
 
 

@@ -20,7 +20,7 @@ def validate(paths: list[Path], calibration: Path | None = None, out: Path | Non
     from sim.formats.campaign import expand_run_folders, is_campaign, read_record
     from sim.validate.compare import compare_runs, format_comparisons
     from sim.validate.parity import comparisons_frame, parity_html
-    from sim.validate.runs import read_runs
+    from sim.validate.runs import ServerRun, read_runs
 
     if docs is not None and out is None:
         raise InputError("--docs", "names its table after the --out folder: give --out")
@@ -35,6 +35,11 @@ def validate(paths: list[Path], calibration: Path | None = None, out: Path | Non
 
         load_bundle(calibration)
     runs = read_runs(run_dirs)
+    server = [r for r in runs if isinstance(r, ServerRun)]
+    if server:
+        if len(server) != len(runs):
+            raise InputError("RUN_DIR", "give server runs (profiler serve-live) and live runs to separate validations")
+        return validate_server(server, paths, run_dirs, calibration, out, docs)
     rows = compare_runs(runs, calibration, progress=True)
     text = format_comparisons(rows)
     if out is not None:
@@ -60,6 +65,38 @@ def validate(paths: list[Path], calibration: Path | None = None, out: Path | Non
     print(text)
     if out is not None:
         print(f"\nwrote {out / 'validation.csv'} and {out / 'parity.html'}")
+    return 0
+
+
+def validate_server(runs, paths: list[Path], run_dirs: list[Path], calibration: Path | None, out: Path | None,
+                    docs: Path | None) -> int:
+    """`validate` for server runs (sim/validate/server.py): the comparison printed, and with `out`
+    validation.csv; with `docs`, the table between the markers named after `out`."""
+    import pandas as pd
+
+    from sim.validate.server import compare_server_runs, format_server_comparisons, server_markdown
+
+    rows = compare_server_runs(runs, calibration, progress=True)
+    if out is not None:
+        provenance = {"runs": [repo_relative(p) for p in run_dirs], "calibration": repo_relative(calibration),
+                      "git_revision": git_revision(), "versions": versions(),
+                      "engines": sorted({f"{r.meta['engine']} {r.meta.get('engine_version')}" for r in runs}),
+                      "live_dtypes": sorted({r.meta["dtype"] for r in runs}),
+                      "live_git_revisions": sorted({str(r.meta.get("git_revision")) for r in runs}),
+                      "seeds": sorted({int(r.meta.get("seed", 0)) for r in runs})}
+        frame = pd.DataFrame([r.row() for r in rows])
+        try:
+            write_atomic(out / "validation.csv", f"# provenance: {json.dumps(provenance)}\n" + frame.to_csv(index=False))
+        except OSError as exc:
+            raise InputError("--out", f"cannot write into {out}: {exc.strerror or exc}") from None
+    if docs is not None:
+        command = " ".join(["python -m sim validate", *(repo_relative(p) for p in paths),
+                            "--calibration", repo_relative(calibration), "--out", repo_relative(out),
+                            "--docs", repo_relative(docs)])
+        update_docs(docs, out.name, server_markdown(rows, command))
+    print(format_server_comparisons(rows))
+    if out is not None:
+        print(f"\nwrote {out / 'validation.csv'}")
     return 0
 
 

@@ -20,19 +20,16 @@ DRAFT_SETTINGS = {"ngram": (), "shadow": ("bits", "group_size"), "layerskip": ("
                   "streaming": ("sink", "window"), "draft_model": ("draft_model", "draft_layers")}
 # Engines whose runs are a server's (profiler serve-live): continuous batching, no step records.
 SERVER_ENGINES = ("vllm",)
+# What makes two server runs serve the same requests the same way (speculation aside).
+SERVER_SETTING = ("model", "dtype", "threads", "seed", "context", "text", "text_start", "prompts", "first_prompt",
+                  "limit", "batch", "rate", "max_new_tokens", "max_model_len")
 # What makes two runs decode the same prompts in the same batches.
 SETTING = ("model", "dtype", "device", "threads", "seed", "context", "text", "prompts", "limit", "batch",
            "max_new_tokens", "temperature", "top_p")
 
 
-@dataclass
-class LiveRun:
-    path: Path
-    meta: dict
-    summary: dict
-    requests: "object"          # pandas DataFrame, sorted by request
-    steps: "object"             # pandas DataFrame of the speculative run's rows
-    repeat_tok_s: tuple = ()    # throughput of every repeat of this run (see merge_repeats)
+class RunFolder:
+    """What every run folder says of itself (its fields: path, meta, summary)."""
 
     @property
     def name(self) -> str:
@@ -49,6 +46,16 @@ class LiveRun:
     @property
     def speculative(self) -> bool:
         return self.method != "none"
+
+
+@dataclass
+class LiveRun(RunFolder):
+    path: Path
+    meta: dict
+    summary: dict
+    requests: "object"          # pandas DataFrame, sorted by request
+    steps: "object"             # pandas DataFrame of the speculative run's rows
+    repeat_tok_s: tuple = ()    # throughput of every repeat of this run (see merge_repeats)
 
     @property
     def batch(self) -> int:
@@ -90,8 +97,44 @@ class LiveRun:
         return self.steps[self.steps.request.isin(list(requests))].sort_values(["request", "step"])
 
 
-def read_run(run_dir: Path) -> LiveRun:
-    """A live run folder, or a one-line error naming what is wrong with it."""
+@dataclass
+class ServerRun(RunFolder):
+    """A server's run (`profiler serve-live`): requests and counters, no steps (sim/validate/server.py)."""
+    path: Path
+    meta: dict
+    summary: dict
+    requests: "object"           # pandas DataFrame, sorted by request
+    repeat_tok_s: tuple = ()
+
+    @property
+    def drafter(self) -> str:
+        if not self.speculative:
+            return "none"
+        a = self.args
+        return f"{self.method} k={a['k']} n={a['prompt_lookup_min']}-{a['prompt_lookup_max']}"
+
+    @property
+    def setting(self) -> tuple:
+        return tuple(str(self.args.get(key)) for key in SERVER_SETTING)
+
+    @property
+    def load(self) -> str:
+        return f"{self.args['rate']:g}/s" if self.args.get("rate") else f"batch {self.args['batch']}"
+
+    @property
+    def counters(self) -> dict:
+        return self.summary.get("spec_decode") or {}
+
+    @property
+    def decode_steps(self) -> int:
+        """Request-steps after each request's first token: decode tokens less the accepted ones."""
+        tokens = int((self.requests.output_tokens - 1).clip(lower=0).sum())
+        return max(tokens - int(self.counters.get("accepted", 0)), 1)
+
+
+def read_run(run_dir: Path) -> "LiveRun | ServerRun":
+    """A live run folder (a ServerRun for a server's: sim/validate/server.py), or a one-line error
+    naming what is wrong with it."""
     import pandas as pd
 
     run_dir = Path(run_dir)
@@ -107,8 +150,7 @@ def read_run(run_dir: Path) -> LiveRun:
     if "arguments" not in meta or "method" not in summary:
         raise InputError("RUN_DIR", f"{run_dir}: meta.json or summary.json is not a live run's")
     if meta.get("engine") in SERVER_ENGINES:
-        raise InputError("RUN_DIR", f"{run_dir}: a {meta['engine']} server run (profiler serve-live); "
-                                    f"server runs are not covered by validation yet")
+        return ServerRun(run_dir, meta, summary, requests)
     if len(steps):
         steps = steps[steps.run == "speculative"]
     return LiveRun(run_dir, meta, summary, requests, steps)

@@ -1,0 +1,252 @@
+"""`python -m profiler calibrate --engine vllm`: vLLM priced as a black box, through its own server.
+
+Nothing inside vLLM is timed; what is timed is what a client sees, on the server users run:
+  engine_forward  (batch, query, kv): one engine step of `batch` requests that each verify `query`
+                  tokens with `kv` tokens of context: the gap between a request's streamed chunks
+                  while every request of the point is decoding (one chunk a step). It holds the
+                  whole step: scheduling, the forward, sampling, the n-gram proposer, streaming.
+                  A point at query 1 comes from a server without speculation; a point at query k + 1
+                  from a server with n-gram k on prompts whose history always matches (an English
+                  phrase repeated, which the model goes on repeating), so that every step drafts k
+                  tokens and keeps them. The measured mean query
+                  tokens per request-step (1 + draft tokens / steps, from /metrics) may fall short of
+                  k + 1 where a proposal is cut; the step times of one (batch, kv) are put on the
+                  grid's query axis by a piecewise-linear line through the measured (query, time).
+  engine_prefill  (batch 1, tokens): time to first token of a single fresh prompt (no prefix-cache
+                  hit), one output token; more requests scale it linearly (the table's extrapolation).
+The bundle has the operator bundle's format (`engine: vllm`, vLLM's version in `versions`); its
+fits say the steps already hold the host work (no step overhead, no separate n-gram time). Decode
+points reuse each server's prompts, so vLLM's prefix cache serves their prefill; every prefill
+point sends a prompt never seen before.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from profiler.serve.client import RequestRecord, run_closed_loop, stream_completion
+from profiler.serve.metrics import SpecCounters, scrape_spec_counters
+from profiler.serve.server import HOST, SERVED_NAME, ServerConfig, VllmServer, check_server_config, vllm_version
+from sim.errors import InputError
+
+ENGINE = "vllm"
+BATCH = [1, 2, 4, 8, 16]
+PROMPT_TOKENS = [128, 512, 2048]
+SPEC_K = [2, 4, 6]
+PREFILL_TOKENS = [16, 64, 256, 1024, 2048]
+NEW_TOKENS = 96                   # each decode point's output per request
+PHRASE_WORDS = ("time year people way day man thing woman life child world school state family student group "
+                "country problem hand part place case week company system program question work number night "
+                "point home water room mother area money story fact month book eye job word business side kind "
+                "head house friend father power hour game line end member city name team minute idea").split()
+QUICK = {"batch": [1, 4, 16], "prompt": [128, 2048], "k": [4], "prefill": [64, 512, 2048]}
+
+
+@dataclass(frozen=True)
+class VllmCalibrateConfig:
+    model: Path                      # a Hugging Face folder (python -m profiler export-hf)
+    venv: Path = Path(".vllm-venv")
+    dtype: str = "fp32"
+    threads: int = 2
+    port: int = 8391
+    quick: bool = False
+    rounds: int | None = None        # passes over the decode points per server, the median kept
+    seed: int = 0
+    out: Path | None = None
+
+
+@dataclass
+class StepPoint:
+    batch: int
+    prompt_tokens: int
+    k: int                           # the server's drafted tokens per step (0: no speculation)
+    step_s: float                    # median gap between chunks while all requests decode
+    query: float                     # mean tokens verified per request-step
+    gaps: int                        # gaps the median is over
+
+
+def decode_prompts(tokenizer: Path, count: int, tokens: int, seed: int) -> list[list[int]]:
+    """`count` prompts of `tokens` ids, each a six-word English phrase of its own repeated: the model
+    goes on repeating it, so an n-gram drafter proposes k tokens at every step and they are kept
+    (random token ids are not repeated: the model writes text of its own and n-gram rarely drafts)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer))
+    rng = np.random.default_rng(seed)
+    prompts = []
+    for _ in range(count):
+        ids = tok.encode(" " + " ".join(rng.choice(PHRASE_WORDS, 6)) + ".").ids
+        prompts.append((ids * (tokens // len(ids) + 1))[:tokens])
+    return prompts
+
+
+def fresh_prompt(tokens: int, seed: int, vocab_low: int = 1000, vocab_high: int = 30000) -> list[int]:
+    """A prompt of random ordinary tokens: no prefix any earlier request had (no cache hit)."""
+    return [int(x) for x in np.random.default_rng(seed).integers(vocab_low, vocab_high, tokens)]
+
+
+def all_decoding_gaps(records: list[RequestRecord]) -> list[float]:
+    """Gaps between consecutive chunks of each request that lie inside the window where every
+    request has had its first token and none has had its last: steps of exactly this batch."""
+    start = max(r.chunk_s[0] for r in records)
+    end = min(r.chunk_s[-1] for r in records)
+    gaps = []
+    for r in records:
+        times = np.asarray(r.chunk_s)
+        inside = times[(times >= start) & (times <= end)]
+        gaps += list(np.diff(inside))
+    return gaps
+
+
+def measure_step(port: int, url: str, prompts: list[list[int]], batch: int, prompt_tokens: int, k: int) -> StepPoint:
+    """One decode point: `batch` requests at once, each of `prompt_tokens` tokens, NEW_TOKENS out."""
+    before = scrape_spec_counters(url) if k else SpecCounters()
+    chosen = [p[:prompt_tokens] for p in prompts[:batch]]
+    records, _ = run_closed_loop(HOST, port, chosen, batch, NEW_TOKENS, SERVED_NAME)
+    failed = [r for r in records if r.error or not r.chunk_s]
+    if failed:
+        raise InputError("--model", f"a calibration request failed ({failed[0].error or 'no output'})")
+    counters = scrape_spec_counters(url).minus(before) if k else SpecCounters()
+    request_steps = sum(len(r.chunk_s) - 1 for r in records)
+    query = 1.0 + counters.draft_tokens / max(request_steps, 1)
+    gaps = all_decoding_gaps(records)
+    if not gaps:
+        # A point whose requests never all decoded together (too few steps): the steps of each.
+        gaps = [g for r in records for g in r.itl_s]
+    return StepPoint(batch, prompt_tokens, k, float(np.median(gaps)), float(query), len(gaps))
+
+
+def measure_prefill(port: int, tokens: int, seed: int, repeats: int) -> float:
+    """Median time to first token of single fresh prompts of `tokens` tokens."""
+    times = []
+    for r in range(repeats):
+        record = RequestRecord(0, tokens)
+        started = time.perf_counter()
+        stream_completion(HOST, port, fresh_prompt(tokens, seed + r), 1, record, started, SERVED_NAME)
+        if record.error or record.ttft_s is None:
+            raise InputError("--model", f"a prefill request failed ({record.error or 'no output'})")
+        times.append(record.ttft_s)
+    return float(np.median(times))
+
+
+def on_query_axis(points: list[StepPoint], query_axis: list[int]) -> list[float]:
+    """Step times of one (batch, kv) at the grid's query values: a piecewise-linear line through the
+    measured (mean query, time), extended past the ends by its end segments."""
+    points = sorted(points, key=lambda p: p.query)
+    q = np.array([p.query for p in points])
+    t = np.array([p.step_s for p in points])
+    out = []
+    for x in query_axis:
+        if len(q) == 1:
+            out.append(float(t[0]))
+            continue
+        i = int(np.clip(np.searchsorted(q, x) - 1, 0, len(q) - 2))
+        slope = (t[i + 1] - t[i]) / max(q[i + 1] - q[i], 1e-9)
+        out.append(float(max(t[i] + slope * (x - q[i]), 1e-6)))
+    return out
+
+
+def calibrate_vllm(config: VllmCalibrateConfig) -> Path:
+    """Start one server per speculative setting (none, n-gram k for each k), time its decode points
+    (and, on the first, the prefill points), and write the bundle."""
+    import pandas as pd
+    from tqdm import tqdm
+
+    from profiler.calibrate.run import bundle_meta
+    from profiler.device import cpu_model
+    from profiler.engine.loaders import hf_llama_config
+    from profiler.serve.run import VLLM_DTYPES
+    from sim.formats.bundle import COLUMNS, write_bundle
+
+    if config.dtype not in VLLM_DTYPES:
+        raise InputError("--dtype", f"vLLM's CPU build is calibrated in {', '.join(VLLM_DTYPES)} (got {config.dtype})")
+    if config.rounds is not None and config.rounds < 1:
+        raise InputError("--rounds", f"must be at least 1 (got {config.rounds})")
+    out = config.out or Path("calibration") / "cpu-vllm" / config.model.name
+    if out.exists() and any(out.iterdir()):
+        raise InputError("--out", f"{out} exists; give a new folder")
+    batches, prompt_axis, ks, prefill_axis = BATCH, PROMPT_TOKENS, SPEC_K, PREFILL_TOKENS
+    if config.quick:
+        batches, prompt_axis, ks, prefill_axis = QUICK["batch"], QUICK["prompt"], QUICK["k"], QUICK["prefill"]
+    rounds = config.rounds or (1 if config.quick else 2)
+    longest = max(prompt_axis[-1], prefill_axis[-1]) + NEW_TOKENS + max(ks) + 1
+    base = ServerConfig(model=config.model, venv=config.venv, port=config.port, dtype=VLLM_DTYPES[config.dtype],
+                        max_model_len=int(2 ** np.ceil(np.log2(longest))), threads=config.threads, seed=config.seed)
+    check_server_config(base)
+    if not (config.model / "tokenizer.json").is_file():
+        raise InputError("--model", f"{config.model} has no tokenizer.json (python -m profiler export-hf writes one)")
+    try:
+        shape = hf_llama_config(config.model / "config.json")
+    except (ValueError, KeyError, OSError) as exc:
+        raise InputError("--model", f"{config.model}/config.json: {exc}") from None
+
+    started = time.perf_counter()
+    rng = np.random.default_rng(config.seed)
+    prompts = decode_prompts(config.model / "tokenizer.json", max(batches), prompt_axis[-1], config.seed)
+    steps: list[StepPoint] = []
+    prefill: dict[int, float] = {}
+    decode_points = [(b, p) for b in batches for p in prompt_axis]
+    total = (len(ks) + 1) * rounds * len(decode_points) + len(prefill_axis)
+    with tqdm(total=total, desc="vllm engine", unit="point") as bar:
+        for k in [0, *ks]:
+            speculative = None if k == 0 else {"method": "ngram", "num_speculative_tokens": k,
+                                               "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+            with VllmServer(ServerConfig(**{**base.__dict__, "speculative": speculative})) as server:
+                measure_step(config.port, server.url, prompts, 1, 32, k)          # warm-up
+                if k == 0:
+                    for i, tokens in enumerate(prefill_axis):
+                        prefill[tokens] = measure_prefill(config.port, tokens, config.seed + 1000 * (i + 1), 3)
+                        bar.update()
+                by_point: dict[tuple, list[StepPoint]] = {}
+                for _ in range(rounds):
+                    for i in rng.permutation(len(decode_points)):
+                        b, p = decode_points[int(i)]
+                        by_point.setdefault((b, p), []).append(measure_step(config.port, server.url, prompts, b, p, k))
+                        bar.update()
+                for measured in by_point.values():
+                    middle = sorted(measured, key=lambda s: s.step_s)[(len(measured) - 1) // 2]
+                    steps.append(middle)
+
+    query_axis = [1, *[k + 1 for k in ks]]
+    kv_axis = [p + NEW_TOKENS // 2 for p in prompt_axis]
+    rows = []
+    for b in batches:
+        for p, kv in zip(prompt_axis, kv_axis):
+            mine = [s for s in steps if s.batch == b and s.prompt_tokens == p]
+            for q, seconds in zip(query_axis, on_query_axis(mine, query_axis)):
+                rows.append({"op": "engine_forward", "batch": b, "query": q, "kv": kv, "seconds": seconds})
+    rows += [{"op": "engine_prefill", "batch": 1, "tokens": t, "seconds": s} for t, s in prefill.items()]
+    frame = pd.DataFrame([{**{c: np.nan for c in COLUMNS}, "spread": np.nan, "runs": rounds, "held_out": False, **r}
+                          for r in rows])[list(COLUMNS)]
+    grid = {"engine_forward": {"batch": batches, "query": query_axis, "kv": kv_axis},
+            "engine_prefill": {"batch": [1], "tokens": prefill_axis}}
+    model_name = preset_name(shape) or str(config.model)
+    meta = bundle_meta(shape, model_name, config.dtype, "cpu", cpu_model(), grid, rounds, config.quick, config.seed)
+    meta["engine"] = ENGINE
+    meta["versions"]["vllm"] = vllm_version(config.venv)
+    meta["cpu"]["threads"] = config.threads
+    meta["fits"] = {"step_overhead_s": 0.0, "request_overhead_s": 0.0, "host_work_in_steps": True}
+    meta["measured_steps"] = [s.__dict__ for s in steps]
+    meta.update(held_out={}, new_tokens=NEW_TOKENS, max_model_len=base.max_model_len,
+                duration_s=round(time.perf_counter() - started, 1))
+    write_bundle(out, frame, meta)
+    print(f"{out}: vLLM {meta['versions']['vllm']} black box, {len(steps)} decode points and {len(prefill)} prefill "
+          f"points in {meta['duration_s']:.0f} s")
+    print(json.dumps({f"b{s.batch} p{s.prompt_tokens} k{s.k}": f"{s.step_s * 1e3:.1f} ms at q {s.query:.2f}"
+                      for s in steps}, indent=1))
+    return out
+
+
+def preset_name(shape) -> str | None:
+    """The simulator's model preset with these dimensions, if one has them."""
+    from sim.scenario.presets.models import MODELS
+
+    keys = ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "tied_embeddings")
+    for name, spec in MODELS.items():
+        if all(getattr(spec, key) == getattr(shape, key) for key in keys):
+            return name
+    return None

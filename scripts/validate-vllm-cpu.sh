@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The simulator against vLLM itself: vLLM's CPU build serving SmolLM2 through its OpenAI server,
+# n-gram speculation at k = 2, 4, 6 and none, closed loops at batch 1-16 on 512- and 2,048-token
+# prompts and Poisson arrivals at two rates, predicted from a black-box calibration of that server
+# with acceptance from each run's own counters and fitted on the others (docs/validation.md).
+#
+#   scripts/validate-vllm-cpu.sh TEXT [OUT] [BUNDLE]
+#
+# TEXT: the plain text the prompts are cut from (../shared/data/pride_and_prejudice.txt);
+# OUT: default validation/vllm-cpu; BUNDLE: an existing `calibrate --engine vllm` bundle (default:
+# calibration/cpu-vllm/smollm2-135m, calibrated first if missing: about 15 minutes).
+# Needs .vllm-venv and runs/smollm2-hf (scripts/setup-vllm-cpu.sh). Each method's server starts
+# twice (closed loops, then Poisson); about 30 minutes on a 2-core CPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+text=${1:?usage: scripts/validate-vllm-cpu.sh TEXT [OUT] [BUNDLE]}
+out=${2:-validation/vllm-cpu}
+bundle=${3:-calibration/cpu-vllm/smollm2-135m}
+model=runs/smollm2-hf
+if [ ! -f "$bundle/meta.json" ]; then
+    python -m profiler calibrate --engine vllm --model "$model" --out "$bundle"
+fi
+common=(--model "$model" --text "$text" --max-new-tokens 64 --max-model-len 4096)
+for spec in none:0 ngram:2 ngram:4 ngram:6; do
+    method=${spec%%:*} k=${spec##*:}
+    name=$method
+    if [ "$method" = ngram ]; then name=$method-k$k; fi
+    rm -rf "$out/$name" "$out/$name-poisson"
+    python -m profiler serve-live "${common[@]}" --method "$method" --k "${k/#0/1}" --context 512 2048 \
+        --batch 1 2 4 8 16 --limit 4 4 8 16 24 --out "$out/$name" >/dev/null
+    python -m profiler serve-live "${common[@]}" --method "$method" --k "${k/#0/1}" --context 512 \
+        --rate 0.5 2 --limit 16 --out "$out/$name-poisson" >/dev/null
+done
+python -m sim validate "$out"/*/ --calibration "$bundle" --out "$out" --docs docs/validation.md

@@ -161,6 +161,8 @@ def calibrate_vllm(config: VllmCalibrateConfig) -> Path:
     from profiler.engine.loaders import hf_llama_config
     from profiler.serve.run import VLLM_DTYPES
     from sim.formats.bundle import COLUMNS, write_bundle
+    from sim.formats.provenance import repo_relative
+    from sim.scenario.presets.models import preset_with_shape
 
     if config.dtype not in VLLM_DTYPES:
         raise InputError("--dtype", f"vLLM's CPU build is calibrated in {', '.join(VLLM_DTYPES)} (got {config.dtype})")
@@ -224,7 +226,7 @@ def calibrate_vllm(config: VllmCalibrateConfig) -> Path:
                           for r in rows])[list(COLUMNS)]
     grid = {"engine_forward": {"batch": batches, "query": query_axis, "kv": kv_axis},
             "engine_prefill": {"batch": [1], "tokens": prefill_axis}}
-    model_name = preset_name(shape) or str(config.model)
+    model_name = preset_with_shape(shape.__dict__) or repo_relative(config.model)
     meta = bundle_meta(shape, model_name, config.dtype, "cpu", cpu_model(), grid, rounds, config.quick, config.seed)
     meta["engine"] = ENGINE
     meta["versions"]["vllm"] = vllm_version(config.venv)
@@ -239,14 +241,3 @@ def calibrate_vllm(config: VllmCalibrateConfig) -> Path:
     print(json.dumps({f"b{s.batch} p{s.prompt_tokens} k{s.k}": f"{s.step_s * 1e3:.1f} ms at q {s.query:.2f}"
                       for s in steps}, indent=1))
     return out
-
-
-def preset_name(shape) -> str | None:
-    """The simulator's model preset with these dimensions, if one has them."""
-    from sim.scenario.presets.models import MODELS
-
-    keys = ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "tied_embeddings")
-    for name, spec in MODELS.items():
-        if all(getattr(spec, key) == getattr(shape, key) for key in keys):
-            return name
-    return None

@@ -29,7 +29,7 @@ from profiler.serve.client import RequestRecord, run_closed_loop, run_poisson, s
 from profiler.serve.metrics import SpecCounters, scrape_spec_counters
 from profiler.serve.server import HOST, SERVED_NAME, ServerConfig, VllmServer, vllm_version
 from sim.errors import InputError
-from sim.formats.provenance import git_revision, repo_relative
+from sim.formats.provenance import REPO_ROOT, git_revision, repo_relative
 
 VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 WARM_UP_TOKENS = 32
@@ -192,7 +192,8 @@ def serve_settings(configs: list[ServeConfig]) -> list[dict]:
     with _stopped_by_sigterm():
         results = {name: run_server(configs, server_base, speculative, prompt_sets, scratch / f"server-{name}.log")
                    for name, speculative in plans}
-    logs = {f"server-{name}.log": (scratch / f"server-{name}.log").read_text(errors="replace") for name, _ in plans}
+    logs = {f"server-{name}.log": repo_relative_text((scratch / f"server-{name}.log").read_text(errors="replace"))
+            for name, _ in plans}
 
     summaries = []
     for i, (config, (_, rows)) in enumerate(zip(configs, prompt_sets)):
@@ -209,6 +210,12 @@ def serve_settings(configs: list[ServeConfig]) -> list[dict]:
         summaries.append(summary)
     shutil.rmtree(scratch, ignore_errors=True)
     return summaries
+
+
+def repo_relative_text(text: str) -> str:
+    """A server's log with this checkout's absolute path taken out (its warnings name the venv's
+    files), as every path a result records is relative to the repository."""
+    return text.replace(f"{REPO_ROOT}/", "")
 
 
 def place_prompts(configs: list[ServeConfig], tok) -> tuple[list[ServeConfig], list[tuple]]:

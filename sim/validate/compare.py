@@ -99,13 +99,12 @@ class Comparison:
 
 def model_preset_of(config: dict) -> str:
     """The simulator's model preset with the run's dimensions."""
-    from sim.scenario.presets.models import MODELS
+    from sim.scenario.presets.models import preset_with_shape
 
-    keys = ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "tied_embeddings")
-    for name, spec in MODELS.items():
-        if all(getattr(spec, k) == config.get(k) for k in keys):
-            return name
-    raise InputError("RUN_DIR", f"no model preset has the run's dimensions ({config.get('name')})")
+    name = preset_with_shape(config)
+    if name is None:
+        raise InputError("RUN_DIR", f"no model preset has the run's dimensions ({config.get('name')})")
+    return name
 
 
 def speculation_of(run: LiveRun, acceptance: dict, disagreement: dict | None) -> dict:

@@ -262,3 +262,13 @@ def load_hf_config(path: Path) -> ModelSpec:
         latent=latent,
         mtp_layers=int(config.get("num_nextn_predict_layers") or 0),
     )
+
+
+def preset_with_shape(shape: dict) -> str | None:
+    """The model preset with these dimensions (layers, hidden, heads, KV heads, head dim, FFN,
+    vocabulary, tied embeddings), or None."""
+    keys = ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "tied_embeddings")
+    for name, spec in MODELS.items():
+        if all(getattr(spec, k) == shape.get(k) for k in keys):
+            return name
+    return None

@@ -127,14 +127,16 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep BUNDLE's operator times and redo only the engine fits (after an engine change)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default torch's)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--engine", choices=("live", "hf", "vllm"), default="live",
+    parser.add_argument("--engine", choices=("live", "hf", "vllm", "llama.cpp"), default="live",
                         help="live: this project's engine, operator by operator; hf: Hugging Face transformers' "
-                             "model forward as a black box (profiler/blackbox/transformers.py); vllm: vLLM's server "
-                             "as a black box (profiler/serve/calibrate.py; --model a Hugging Face folder, smollm2: "
-                             "runs/smollm2-hf)")
+                             "model forward as a black box (profiler/blackbox/transformers.py); vllm, llama.cpp: "
+                             "the engine's server as a black box (profiler/serve/calibrate.py; vllm: --model a Hugging "
+                             "Face folder, smollm2: runs/smollm2-hf; llama.cpp: a GGUF file, smollm2: its Q4_1 file)")
     parser.add_argument("--venv", type=Path, default=Path(".vllm-venv"),
                         help="--engine vllm: vLLM's virtual environment (scripts/setup-vllm-cpu.sh)")
-    parser.add_argument("--port", type=int, default=8391, help="--engine vllm: the server's port on 127.0.0.1")
+    parser.add_argument("--server-bin", type=Path, default=Path(".llama-server/bin/llama-server"),
+                        help="--engine llama.cpp: its llama-server (scripts/build-llama-server.sh)")
+    parser.add_argument("--port", type=int, default=8391, help="--engine vllm | llama.cpp: the server's port on 127.0.0.1")
 
 
 def add_inspect_arguments(parser: argparse.ArgumentParser) -> None:
@@ -142,15 +144,22 @@ def add_inspect_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_serve_live_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--engine", choices=("vllm",), default="vllm", help="the engine whose server runs")
+    parser.add_argument("--engine", choices=("vllm", "llama.cpp"), default="vllm", help="the engine whose server runs")
     parser.add_argument("--model", type=Path, required=True,
-                        help="a Hugging Face model folder (python -m profiler export-hf writes SmolLM2's)")
+                        help="vllm: a Hugging Face model folder (python -m profiler export-hf writes SmolLM2's); "
+                             "llama.cpp: a GGUF file; smollm2: runs/smollm2-hf for vllm, the package's GGUF for llama.cpp")
     parser.add_argument("--venv", type=Path, default=Path(".vllm-venv"),
-                        help="the engine's virtual environment (scripts/setup-vllm-cpu.sh)")
+                        help="vllm: its virtual environment (scripts/setup-vllm-cpu.sh)")
+    parser.add_argument("--server-bin", type=Path, default=Path(".llama-server/bin/llama-server"),
+                        help="llama.cpp: its llama-server (scripts/build-llama-server.sh)")
+    parser.add_argument("--parallel", type=int, default=None,
+                        help="llama.cpp: the server's slots (default: the largest --batch, 16 with --rate only)")
     parser.add_argument("--method", choices=("none", "ngram"), default="ngram")
-    parser.add_argument("--k", type=int, default=4, help="drafted tokens per step")
-    parser.add_argument("--prompt-lookup-min", type=int, default=2, help="ngram: shortest n-gram matched")
-    parser.add_argument("--prompt-lookup-max", type=int, default=4, help="ngram: longest n-gram matched")
+    parser.add_argument("--k", type=int, nargs="+", default=[4],
+                        help="drafted tokens per step; several: one server (and run folders) each")
+    parser.add_argument("--prompt-lookup-min", type=int, default=2,
+                        help="ngram: shortest n-gram matched (llama.cpp: the n-gram looked up, --spec-ngram-simple-size-n)")
+    parser.add_argument("--prompt-lookup-max", type=int, default=4, help="ngram: longest n-gram matched (vllm)")
     load = parser.add_mutually_exclusive_group()
     load.add_argument("--batch", type=int, nargs="+", default=None,
                       help="closed loop: requests in flight (default 1); several: one run each on the same server")
@@ -165,8 +174,12 @@ def add_serve_live_arguments(parser: argparse.ArgumentParser) -> None:
                         help="long-context mode: prompts of this many tokens; several: one run each")
     parser.add_argument("--text", type=Path, default=None, help="long-context mode: the plain text they are cut from")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="every request's output length (EOS ignored)")
-    parser.add_argument("--baseline", action="store_true", help="also run the server without speculation: speedup")
-    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--baseline", action="store_true",
+                        help="also run the server without speculation: speedup (several runs: its own folders too)")
+    parser.add_argument("--interleave", action="store_true",
+                        help="start the servers afresh for each setting, its drafters back to back (paired runs "
+                             "where the machine's speed drifts); default: each server serves every setting")
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="vllm: the weights' dtype")
     parser.add_argument("--threads", type=int, default=2, help="the server's OpenMP threads")
     parser.add_argument("--max-model-len", type=int, default=2048, help="the server's context limit")
     parser.add_argument("--port", type=int, default=8391, help="the server's port on 127.0.0.1")
@@ -211,6 +224,21 @@ def live_settings(args: argparse.Namespace) -> LiveConfig:
     return LiveConfig(**{k: v for k, v in vars(args).items() if k != "command"})
 
 
+def served_model(engine: str, name: str) -> Path:
+    """A server's model: `smollm2` is the exported folder for vLLM, the package's GGUF for llama.cpp."""
+    if name != "smollm2":
+        return Path(name)
+    if engine == "llama.cpp":
+        from profiler.engine.gguf_loader import ModelLoadError, smollm2_path
+        from sim.errors import InputError
+
+        try:
+            return smollm2_path()
+        except ModelLoadError as exc:
+            raise InputError("--model", str(exc)) from None
+    return Path("runs/smollm2-hf")
+
+
 def dispatch(args: argparse.Namespace) -> int:
     if args.command == "live":
         from profiler.live.run import run_live
@@ -229,13 +257,14 @@ def dispatch(args: argparse.Namespace) -> int:
                                          context=args.context, text=args.text, limit=args.limit,
                                          max_new_tokens=args.max_new_tokens, threads=args.threads, seed=args.seed,
                                          out=args.out))
-    elif args.command == "calibrate" and args.engine == "vllm":
-        from profiler.serve.calibrate import VllmCalibrateConfig, calibrate_vllm
+    elif args.command == "calibrate" and args.engine in ("vllm", "llama.cpp"):
+        from profiler.serve.calibrate import ServerCalibrateConfig, calibrate_server
 
-        folder = Path("runs/smollm2-hf") if args.model == "smollm2" else Path(args.model)
-        calibrate_vllm(VllmCalibrateConfig(model=folder, venv=args.venv, dtype="fp32" if args.dtype == "auto" else args.dtype,
-                                           threads=args.threads or 2, port=args.port, quick=args.quick,
-                                           rounds=args.rounds, seed=args.seed, out=args.out))
+        calibrate_server(ServerCalibrateConfig(model=served_model(args.engine, args.model), engine=args.engine,
+                                               venv=args.venv, server_bin=args.server_bin,
+                                               dtype="fp32" if args.dtype == "auto" else args.dtype,
+                                               threads=args.threads or 2, port=args.port, quick=args.quick,
+                                               rounds=args.rounds, seed=args.seed, out=args.out))
     elif args.command == "calibrate":
         from profiler.calibrate.run import CalibrateConfig, calibrate
 
@@ -256,7 +285,9 @@ def dispatch(args: argparse.Namespace) -> int:
     elif args.command == "serve-live":
         from profiler.serve.run import serve_settings, settings_of
 
-        serve_settings(settings_of({k: v for k, v in vars(args).items() if k != "command"}))
+        values = {k: v for k, v in vars(args).items() if k != "command"}
+        values["model"] = served_model(args.engine, str(args.model))
+        serve_settings(settings_of(values))
     elif args.command == "export-hf":
         from profiler.engine.export_hf import ExportConfig, export_hf
 

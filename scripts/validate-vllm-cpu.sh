@@ -2,7 +2,7 @@
 # The simulator against vLLM itself: vLLM's CPU build serving SmolLM2 through its OpenAI server,
 # n-gram speculation at k = 2, 4, 6 and none, closed loops at batch 1-16 on 512- and 2,048-token
 # prompts and Poisson arrivals at two rates, predicted from a black-box calibration of that server
-# with acceptance from each run's own counters and fitted on the others (docs/validation.md).
+# with acceptance from each run's own counters and fitted on the others (docs/validation-servers.md).
 #
 #   scripts/validate-vllm-cpu.sh TEXT [OUT] [BUNDLE]
 #
@@ -31,4 +31,4 @@ for spec in none:0 ngram:2 ngram:4 ngram:6; do
     python -m profiler serve-live "${common[@]}" --method "$method" --k "${k/#0/1}" --context 512 \
         --rate 0.5 2 --limit 16 --out "$out/$name-poisson" >/dev/null
 done
-python -m sim validate "$out"/*/ --calibration "$bundle" --out "$out" --docs docs/validation.md
+python -m sim validate "$out"/*/ --calibration "$bundle" --out "$out" --docs docs/validation-servers.md

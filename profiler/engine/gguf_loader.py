@@ -145,10 +145,10 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> GGUFModel
     model = build_llama(config, lambda name: torch.tensor(weight(name)), GGUF_NAMES, dtype)
     metadata = {key: _field(reader, key) for key in reader.fields
                 if not key.startswith("tokenizer.ggml.") and key != "tokenizer.chat_template"}
-    return GGUFModel(model, config, metadata, path, _sha256_prefix(path))
+    return GGUFModel(model, config, metadata, path, sha256_prefix(path))
 
 
-def _sha256_prefix(path: Path, chunk_bytes: int = 1 << 20) -> str:
+def sha256_prefix(path: Path, chunk_bytes: int = 1 << 20) -> str:
     """sha256 of the file's first MiB and its size: identifies the model without reading it all."""
     digest = hashlib.sha256()
     with path.open("rb") as handle:

@@ -1,10 +1,12 @@
-"""`python -m profiler calibrate --engine vllm`: vLLM priced as a black box, through its own server.
+"""`python -m profiler calibrate --engine vllm | llama.cpp`: a real engine priced as a black box,
+through its own server (vLLM's `vllm serve`, llama.cpp's `llama-server`).
 
-Nothing inside vLLM is timed; what is timed is what a client sees, on the server users run:
+Nothing inside the engine is timed; what is timed is what a client sees, on the server users run:
   engine_forward  (batch, query, kv): one engine step of `batch` requests that each verify `query`
                   tokens with `kv` tokens of context: the gap between a request's streamed chunks
                   while every request of the point is decoding (one chunk a step). It holds the
-                  whole step: scheduling, the forward, sampling, the n-gram proposer, streaming.
+                  whole step: scheduling, the forward, sampling, the n-gram proposer, streaming
+                  (llama.cpp streams a chunk per token; the client merges a step's tokens).
                   A point at query 1 comes from a server without speculation; a point at query k + 1
                   from a server with n-gram k on prompts whose history always matches (an English
                   phrase repeated, which the model goes on repeating), so that every step drafts k
@@ -14,10 +16,11 @@ Nothing inside vLLM is timed; what is timed is what a client sees, on the server
                   grid's query axis by a piecewise-linear line through the measured (query, time).
   engine_prefill  (batch 1, tokens): time to first token of a single fresh prompt (no prefix-cache
                   hit), one output token; more requests scale it linearly (the table's extrapolation).
-The bundle has the operator bundle's format (`engine: vllm`, vLLM's version in `versions`); its
-fits say the steps already hold the host work (no step overhead, no separate n-gram time). Decode
-points reuse each server's prompts, so vLLM's prefix cache serves their prefill; every prefill
-point sends a prompt never seen before.
+The bundle has the operator bundle's format (`engine: vllm` or `llama.cpp`, the engine's version in
+`versions`); its fits say the steps already hold the host work (no step overhead, no separate n-gram
+time). Decode points reuse each server's prompts, so the prefix cache serves their prefill; every
+prefill point sends a prompt never seen before. llama.cpp runs with as many slots as the largest
+batch.
 """
 from __future__ import annotations
 
@@ -28,12 +31,12 @@ from pathlib import Path
 
 import numpy as np
 
-from profiler.serve.client import RequestRecord, run_closed_loop, stream_completion
+from profiler.serve import llama_cpp, vllm
+from profiler.serve.client import CompletionApi, RequestRecord, run_closed_loop, stream_completion
 from profiler.serve.metrics import SpecCounters, scrape_spec_counters
-from profiler.serve.server import HOST, SERVED_NAME, ServerConfig, VllmServer, check_server_config, vllm_version
+from profiler.serve.server import HOST, SERVED_NAME, EngineServerConfig, ServerProcess
 from sim.errors import InputError
 
-ENGINE = "vllm"
 BATCH = [1, 2, 4, 8, 16]
 PROMPT_TOKENS = [128, 512, 2048]
 SPEC_K = [2, 4, 6]
@@ -47,10 +50,12 @@ QUICK = {"batch": [1, 4, 16], "prompt": [128, 2048], "k": [4], "prefill": [64, 5
 
 
 @dataclass(frozen=True)
-class VllmCalibrateConfig:
-    model: Path                      # a Hugging Face folder (python -m profiler export-hf)
+class ServerCalibrateConfig:
+    model: Path                      # vllm: a Hugging Face folder (profiler export-hf); llama.cpp: a GGUF file
+    engine: str = "vllm"             # vllm | llama.cpp
     venv: Path = Path(".vllm-venv")
-    dtype: str = "fp32"
+    server_bin: Path = llama_cpp.DEFAULT_BINARY
+    dtype: str = "fp32"              # vllm's weights (llama.cpp: the GGUF's own)
     threads: int = 2
     port: int = 8391
     quick: bool = False
@@ -69,17 +74,15 @@ class StepPoint:
     gaps: int                        # gaps the median is over
 
 
-def decode_prompts(tokenizer: Path, count: int, tokens: int, seed: int) -> list[list[int]]:
-    """`count` prompts of `tokens` ids, each a six-word English phrase of its own repeated: the model
-    goes on repeating it, so an n-gram drafter proposes k tokens at every step and they are kept
-    (random token ids are not repeated: the model writes text of its own and n-gram rarely drafts)."""
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(tokenizer))
+def decode_prompts(tok, count: int, tokens: int, seed: int) -> list[list[int]]:
+    """`count` prompts of `tokens` ids (`tok`: the model's ChatTokenizer), each a six-word English
+    phrase of its own repeated: the model goes on repeating it, so an n-gram drafter proposes k
+    tokens at every step and they are kept (random token ids are not repeated: the model writes text
+    of its own and n-gram rarely drafts)."""
     rng = np.random.default_rng(seed)
     prompts = []
     for _ in range(count):
-        ids = tok.encode(" " + " ".join(rng.choice(PHRASE_WORDS, 6)) + ".").ids
+        ids = tok.encode(" " + " ".join(rng.choice(PHRASE_WORDS, 6)) + ".")
         prompts.append((ids * (tokens // len(ids) + 1))[:tokens])
     return prompts
 
@@ -102,15 +105,21 @@ def all_decoding_gaps(records: list[RequestRecord]) -> list[float]:
     return gaps
 
 
-def measure_step(port: int, url: str, prompts: list[list[int]], batch: int, prompt_tokens: int, k: int) -> StepPoint:
+def measure_step(server: EngineServerConfig, url: str, prompts: list[list[int]], batch: int, prompt_tokens: int,
+                 k: int) -> StepPoint:
     """One decode point: `batch` requests at once, each of `prompt_tokens` tokens, NEW_TOKENS out."""
-    before = scrape_spec_counters(url) if k else SpecCounters()
     chosen = [p[:prompt_tokens] for p in prompts[:batch]]
-    records, _ = run_closed_loop(HOST, port, chosen, batch, NEW_TOKENS, SERVED_NAME)
+    # The prompts prefilled first (one output token each), so that the timed requests find them
+    # cached (vLLM's prefix cache; llama.cpp's slot that just served the prompt) and all decode
+    # within a step of each other: 16 prefills of 2,048 tokens take over a minute on this CPU,
+    # and the first requests would finish before the last started.
+    run_closed_loop(HOST, server.port, chosen, batch, 1, SERVED_NAME, server.api)
+    before = scrape_spec_counters(url, server.metrics_prefix) if k else SpecCounters()
+    records, _ = run_closed_loop(HOST, server.port, chosen, batch, NEW_TOKENS, SERVED_NAME, server.api)
     failed = [r for r in records if r.error or not r.chunk_s]
     if failed:
         raise InputError("--model", f"a calibration request failed ({failed[0].error or 'no output'})")
-    counters = scrape_spec_counters(url).minus(before) if k else SpecCounters()
+    counters = scrape_spec_counters(url, server.metrics_prefix).minus(before) if k else SpecCounters()
     request_steps = sum(len(r.chunk_s) - 1 for r in records)
     query = 1.0 + counters.draft_tokens / max(request_steps, 1)
     gaps = all_decoding_gaps(records)
@@ -120,13 +129,13 @@ def measure_step(port: int, url: str, prompts: list[list[int]], batch: int, prom
     return StepPoint(batch, prompt_tokens, k, float(np.median(gaps)), float(query), len(gaps))
 
 
-def measure_prefill(port: int, tokens: int, seed: int, repeats: int) -> float:
+def measure_prefill(port: int, api: CompletionApi, tokens: int, seed: int, repeats: int) -> float:
     """Median time to first token of single fresh prompts of `tokens` tokens."""
     times = []
     for r in range(repeats):
         record = RequestRecord(0, tokens)
         started = time.perf_counter()
-        stream_completion(HOST, port, fresh_prompt(tokens, seed + r), 1, record, started, SERVED_NAME)
+        stream_completion(HOST, port, fresh_prompt(tokens, seed + r), 1, record, started, SERVED_NAME, api)
         if record.error or record.ttft_s is None:
             raise InputError("--model", f"a prefill request failed ({record.error or 'no output'})")
         times.append(record.ttft_s)
@@ -150,7 +159,19 @@ def on_query_axis(points: list[StepPoint], query_axis: list[int]) -> list[float]
     return out
 
 
-def calibrate_vllm(config: VllmCalibrateConfig) -> Path:
+def server_for(config: ServerCalibrateConfig, k: int, max_model_len: int, slots: int) -> EngineServerConfig:
+    """The engine's server drafting k tokens by n-gram (k 0: no speculation)."""
+    if config.engine == "vllm":
+        return vllm.VllmServerConfig(model=config.model, venv=config.venv, port=config.port,
+                                     dtype=vllm.DTYPES[config.dtype], max_model_len=max_model_len,
+                                     threads=config.threads, seed=config.seed,
+                                     speculative=vllm.ngram_config(k) if k else None)
+    return llama_cpp.LlamaServerConfig(model=config.model, binary=config.server_bin, port=config.port,
+                                       parallel=slots, max_model_len=max_model_len, threads=config.threads,
+                                       seed=config.seed, speculative=llama_cpp.ngram_simple(k) if k else None)
+
+
+def calibrate_server(config: ServerCalibrateConfig) -> Path:
     """Start one server per speculative setting (none, n-gram k for each k), time its decode points
     (and, on the first, the prefill points), and write the bundle."""
     import pandas as pd
@@ -158,17 +179,17 @@ def calibrate_vllm(config: VllmCalibrateConfig) -> Path:
 
     from profiler.calibrate.run import bundle_meta
     from profiler.device import cpu_model
-    from profiler.engine.loaders import hf_llama_config
-    from profiler.serve.run import VLLM_DTYPES
+    from profiler.serve.run import stopped_by_sigterm, read_engine_model
     from sim.formats.bundle import COLUMNS, write_bundle
     from sim.formats.provenance import repo_relative
     from sim.scenario.presets.models import preset_with_shape
+    from sim.formats.names import scenario_dtype
 
-    if config.dtype not in VLLM_DTYPES:
-        raise InputError("--dtype", f"vLLM's CPU build is calibrated in {', '.join(VLLM_DTYPES)} (got {config.dtype})")
+    if config.engine == "vllm" and config.dtype not in vllm.DTYPES:
+        raise InputError("--dtype", f"vLLM's CPU build is calibrated in {', '.join(vllm.DTYPES)} (got {config.dtype})")
     if config.rounds is not None and config.rounds < 1:
         raise InputError("--rounds", f"must be at least 1 (got {config.rounds})")
-    out = config.out or Path("calibration") / "cpu-vllm" / config.model.name
+    out = config.out or Path("calibration") / f"cpu-{config.engine.replace('.', '-')}" / config.model.stem
     if out.exists() and any(out.iterdir()):
         raise InputError("--out", f"{out} exists; give a new folder")
     batches, prompt_axis, ks, prefill_axis = BATCH, PROMPT_TOKENS, SPEC_K, PREFILL_TOKENS
@@ -176,38 +197,34 @@ def calibrate_vllm(config: VllmCalibrateConfig) -> Path:
         batches, prompt_axis, ks, prefill_axis = QUICK["batch"], QUICK["prompt"], QUICK["k"], QUICK["prefill"]
     rounds = config.rounds or (1 if config.quick else 2)
     longest = max(prompt_axis[-1], prefill_axis[-1]) + NEW_TOKENS + max(ks) + 1
-    base = ServerConfig(model=config.model, venv=config.venv, port=config.port, dtype=VLLM_DTYPES[config.dtype],
-                        max_model_len=int(2 ** np.ceil(np.log2(longest))), threads=config.threads, seed=config.seed)
-    check_server_config(base)
-    if not (config.model / "tokenizer.json").is_file():
-        raise InputError("--model", f"{config.model} has no tokenizer.json (python -m profiler export-hf writes one)")
-    try:
-        shape = hf_llama_config(config.model / "config.json")
-    except (ValueError, KeyError, OSError) as exc:
-        raise InputError("--model", f"{config.model}/config.json: {exc}") from None
+    max_model_len = int(2 ** np.ceil(np.log2(longest)))
+    base = server_for(config, 0, max_model_len, max(batches))
+    base.check()
+    tok, shape, dtype, _ = read_engine_model(config.engine, config.model, config.dtype)
+    bundle_dtype = scenario_dtype(dtype)
 
     started = time.perf_counter()
     rng = np.random.default_rng(config.seed)
-    prompts = decode_prompts(config.model / "tokenizer.json", max(batches), prompt_axis[-1], config.seed)
+    prompts = decode_prompts(tok, max(batches), prompt_axis[-1], config.seed)
     steps: list[StepPoint] = []
     prefill: dict[int, float] = {}
     decode_points = [(b, p) for b in batches for p in prompt_axis]
     total = (len(ks) + 1) * rounds * len(decode_points) + len(prefill_axis)
-    with tqdm(total=total, desc="vllm engine", unit="point") as bar:
+    with stopped_by_sigterm(), tqdm(total=total, desc=f"{config.engine} engine", unit="point") as bar:
         for k in [0, *ks]:
-            speculative = None if k == 0 else {"method": "ngram", "num_speculative_tokens": k,
-                                               "prompt_lookup_min": 2, "prompt_lookup_max": 4}
-            with VllmServer(ServerConfig(**{**base.__dict__, "speculative": speculative})) as server:
-                measure_step(config.port, server.url, prompts, 1, 32, k)          # warm-up
+            server_config = server_for(config, k, max_model_len, max(batches))
+            with ServerProcess(server_config) as server:
+                measure_step(server_config, server.url, prompts, 1, 32, k)          # warm-up
                 if k == 0:
                     for i, tokens in enumerate(prefill_axis):
-                        prefill[tokens] = measure_prefill(config.port, tokens, config.seed + 1000 * (i + 1), 3)
+                        prefill[tokens] = measure_prefill(config.port, server_config.api, tokens,
+                                                          config.seed + 1000 * (i + 1), 3)
                         bar.update()
                 by_point: dict[tuple, list[StepPoint]] = {}
                 for _ in range(rounds):
                     for i in rng.permutation(len(decode_points)):
                         b, p = decode_points[int(i)]
-                        by_point.setdefault((b, p), []).append(measure_step(config.port, server.url, prompts, b, p, k))
+                        by_point.setdefault((b, p), []).append(measure_step(server_config, server.url, prompts, b, p, k))
                         bar.update()
                 for measured in by_point.values():
                     middle = sorted(measured, key=lambda s: s.step_s)[(len(measured) - 1) // 2]
@@ -227,16 +244,19 @@ def calibrate_vllm(config: VllmCalibrateConfig) -> Path:
     grid = {"engine_forward": {"batch": batches, "query": query_axis, "kv": kv_axis},
             "engine_prefill": {"batch": [1], "tokens": prefill_axis}}
     model_name = preset_with_shape(shape.__dict__) or repo_relative(config.model)
-    meta = bundle_meta(shape, model_name, config.dtype, "cpu", cpu_model(), grid, rounds, config.quick, config.seed)
-    meta["engine"] = ENGINE
-    meta["versions"]["vllm"] = vllm_version(config.venv)
+    meta = bundle_meta(shape, model_name, bundle_dtype, "cpu", cpu_model(), grid, rounds, config.quick, config.seed)
+    meta["engine"] = config.engine
+    meta["versions"][config.engine] = base.version()
     meta["cpu"]["threads"] = config.threads
+    meta["weights"] = dtype
     meta["fits"] = {"step_overhead_s": 0.0, "request_overhead_s": 0.0, "host_work_in_steps": True}
     meta["measured_steps"] = [s.__dict__ for s in steps]
-    meta.update(held_out={}, new_tokens=NEW_TOKENS, max_model_len=base.max_model_len,
+    meta.update(held_out={}, new_tokens=NEW_TOKENS, max_model_len=max_model_len,
                 duration_s=round(time.perf_counter() - started, 1))
+    if config.engine == "llama.cpp":
+        meta["slots"] = max(batches)
     write_bundle(out, frame, meta)
-    print(f"{out}: vLLM {meta['versions']['vllm']} black box, {len(steps)} decode points and {len(prefill)} prefill "
+    print(f"{out}: {config.engine} {meta['versions'][config.engine]} black box, {len(steps)} decode points and {len(prefill)} prefill "
           f"points in {meta['duration_s']:.0f} s")
     print(json.dumps({f"b{s.batch} p{s.prompt_tokens} k{s.k}": f"{s.step_s * 1e3:.1f} ms at q {s.query:.2f}"
                       for s in steps}, indent=1))

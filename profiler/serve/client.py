@@ -1,9 +1,12 @@
-"""Clients of an OpenAI-compatible server: every request a streamed /v1/completions of token ids,
-timed on arrival of each streamed chunk; a closed loop at a fixed concurrency, or Poisson arrivals.
+"""Clients of an engine's server: every request a streamed greedy completion of token ids, timed on
+arrival of each streamed chunk; a closed loop at a fixed concurrency, or Poisson arrivals.
 
-Prompts go as token ids (`prompt: [ids]`), so the server sees exactly the tokens the simulator is
-given; `return_token_ids` brings back the generated ids, and `ignore_eos` with `max_tokens` fixes
-each output's length as the live engine's `--max-new-tokens` does.
+Prompts go as token ids, so the server sees exactly the tokens the simulator is given; the
+generated ids come back in the stream, and EOS is ignored so that each output's length is fixed as
+the live engine's `--max-new-tokens` fixes it. Two APIs: the OpenAI-compatible /v1/completions
+(vLLM: `return_token_ids`, one chunk per engine step) and llama.cpp's own /completion
+(`return_tokens`, one chunk per token: the tokens of one step arrive back to back and are merged
+into one chunk, so a chunk is a step for both engines).
 """
 from __future__ import annotations
 
@@ -14,6 +17,37 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+
+
+# Chunks of one request closer than this are one engine step's tokens (sent in one loop); engine
+# steps of the models served here take milliseconds.
+STEP_BURST_S = 1e-3
+
+
+@dataclass(frozen=True)
+class CompletionApi:
+    """How a server is asked for a streamed greedy completion of token ids, and where a streamed
+    chunk holds its token ids and text."""
+    path: str
+    openai: bool                 # OpenAI-compatible /v1/completions, else llama.cpp's /completion
+    chunk_per_token: bool        # tokens of one step arrive as separate chunks
+
+    def body(self, prompt: list[int], max_tokens: int, model: str) -> dict:
+        if self.openai:
+            return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                    "ignore_eos": True, "stream": True, "return_token_ids": True}
+        return {"prompt": prompt, "n_predict": max_tokens, "temperature": 0.0, "ignore_eos": True, "stream": True,
+                "return_tokens": True, "cache_prompt": True}
+
+    def tokens_of(self, data: dict) -> tuple[list[int], str]:
+        if self.openai:
+            choice = data["choices"][0]
+            return choice.get("token_ids") or [], choice.get("text") or ""
+        return data.get("tokens") or [], data.get("content") or ""
+
+
+OPENAI_COMPLETIONS = CompletionApi("/v1/completions", openai=True, chunk_per_token=False)
+LLAMA_COMPLETION = CompletionApi("/completion", openai=False, chunk_per_token=True)
 
 
 @dataclass
@@ -49,14 +83,14 @@ class RequestRecord:
 
 
 def stream_completion(host: str, port: int, prompt: list[int], max_tokens: int, record: RequestRecord,
-                      started: float, model: str, timeout_s: float = 600.0) -> None:
+                      started: float, model: str, api: CompletionApi = OPENAI_COMPLETIONS,
+                      timeout_s: float = 600.0) -> None:
     """One streamed greedy completion, filled into `record` (its error set on failure)."""
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-                       "ignore_eos": True, "stream": True, "return_token_ids": True})
+    body = json.dumps(api.body(prompt, max_tokens, model))
     connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
     try:
         record.sent_s = time.perf_counter() - started
-        connection.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+        connection.request("POST", api.path, body=body, headers={"Content-Type": "application/json"})
         response = connection.getresponse()
         if response.status != 200:
             record.error = f"HTTP {response.status}: {response.read()[:200]!r}"
@@ -68,13 +102,16 @@ def stream_completion(host: str, port: int, prompt: list[int], max_tokens: int, 
             data = line[5:].strip()
             if data == b"[DONE]":
                 break
-            choice = json.loads(data)["choices"][0]
-            ids = choice.get("token_ids") or []
+            ids, text = api.tokens_of(json.loads(data))
             if ids:
-                record.chunk_s.append(time.perf_counter() - started)
-                record.chunk_tokens.append(len(ids))
+                now = time.perf_counter() - started
+                if api.chunk_per_token and record.chunk_s and now - record.chunk_s[-1] < STEP_BURST_S:
+                    record.chunk_tokens[-1] += len(ids)        # the same step's next token
+                else:
+                    record.chunk_s.append(now)
+                    record.chunk_tokens.append(len(ids))
                 record.tokens.extend(ids)
-                record.text += choice.get("text") or ""
+                record.text += text
     except Exception as exc:      # a broken stream (an error event, no choices) is this request's failure
         record.error = f"{exc.__class__.__name__}: {exc}"
     finally:
@@ -82,7 +119,7 @@ def stream_completion(host: str, port: int, prompt: list[int], max_tokens: int, 
 
 
 def run_closed_loop(host: str, port: int, prompts: list[list[int]], concurrency: int, max_tokens: int,
-                    model: str) -> tuple[list[RequestRecord], float]:
+                    model: str, api: CompletionApi = OPENAI_COMPLETIONS) -> tuple[list[RequestRecord], float]:
     """`concurrency` clients, each sending its next prompt when its last one finished, until every
     prompt is served; returns the records (in prompt order) and the wall time."""
     records = [RequestRecord(i, len(p)) for i, p in enumerate(prompts)]
@@ -96,7 +133,7 @@ def run_closed_loop(host: str, port: int, prompts: list[list[int]], concurrency:
                 i = next(pending, None)
             if i is None:
                 return
-            stream_completion(host, port, prompts[i], max_tokens, records[i], started, model)
+            stream_completion(host, port, prompts[i], max_tokens, records[i], started, model, api)
 
     threads = [threading.Thread(target=client, daemon=True) for _ in range(min(concurrency, len(prompts)))]
     for t in threads:
@@ -107,7 +144,7 @@ def run_closed_loop(host: str, port: int, prompts: list[list[int]], concurrency:
 
 
 def run_poisson(host: str, port: int, prompts: list[list[int]], rate_qps: float, max_tokens: int, model: str,
-                seed: int) -> tuple[list[RequestRecord], float]:
+                seed: int, api: CompletionApi = OPENAI_COMPLETIONS) -> tuple[list[RequestRecord], float]:
     """Requests sent at Poisson arrivals of `rate_qps` (exponential gaps drawn from `seed`), each on
     its own connection whatever is still running; returns the records and the wall time."""
     gaps = np.random.default_rng(seed).exponential(1.0 / rate_qps, size=len(prompts))
@@ -120,7 +157,7 @@ def run_poisson(host: str, port: int, prompts: list[list[int]], rate_qps: float,
         if delay > 0:
             time.sleep(delay)
         t = threading.Thread(target=stream_completion, args=(host, port, prompts[i], max_tokens, records[i],
-                                                              started, model), daemon=True)
+                                                              started, model, api), daemon=True)
         t.start()
         threads.append(t)
     for t in threads:

@@ -1,6 +1,6 @@
-"""vLLM's speculative-decoding counters from its Prometheus /metrics endpoint.
+"""An engine's speculative-decoding counters from its Prometheus /metrics endpoint.
 
-vLLM counts, over the server's life, the draft proposals it verified (`num_drafts`), the tokens they
+vLLM counts (and llama.cpp's server, under the prefix `llamacpp:` and the same names), over the server's life, the draft proposals it verified (`num_drafts`), the tokens they
 held (`num_draft_tokens`), the tokens accepted (`num_accepted_tokens`) and the accepted tokens per
 draft position (`num_accepted_tokens_per_pos`, position 0 first). A run's counters are the
 difference of two scrapes, one before its requests and one after.
@@ -42,18 +42,18 @@ class SpecCounters:
         return out
 
 
-def parse_spec_counters(text: str) -> SpecCounters:
+def parse_spec_counters(text: str, prefix: str = PREFIX) -> SpecCounters:
     """The `_total` counters of a Prometheus text exposition, summed over label sets other than the
     position."""
     counters = SpecCounters()
     per_position: dict[int, float] = {}
     for line in text.splitlines():
-        if not line.startswith(PREFIX):
+        if not line.startswith(prefix):
             continue
         match = LINE.match(line.strip())
         if match is None or not match["name"].endswith("_total"):
             continue
-        name = match["name"][len(PREFIX):-len("_total")]
+        name = match["name"][len(prefix):-len("_total")]
         value = float(match["value"])
         labels = dict(re.findall(r'(\w+)="([^"]*)"', match["labels"] or ""))
         if name == "num_drafts":
@@ -69,6 +69,6 @@ def parse_spec_counters(text: str) -> SpecCounters:
     return counters
 
 
-def scrape_spec_counters(url: str) -> SpecCounters:
+def scrape_spec_counters(url: str, prefix: str = PREFIX) -> SpecCounters:
     with urllib.request.urlopen(url + "/metrics", timeout=30) as response:
-        return parse_spec_counters(response.read().decode())
+        return parse_spec_counters(response.read().decode(), prefix)

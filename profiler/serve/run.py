@@ -1,13 +1,17 @@
-"""`python -m profiler serve-live`: a real engine's server, driven as users run it, recorded as a run
-folder (sim/formats/run_folder.py).
+"""`python -m profiler serve-live`: a real engine's server (vLLM's or llama.cpp's), driven as users
+run it, recorded as run folders (sim/formats/run_folder.py).
 
-For each configuration (the speculative one, and with --baseline the same server without
-speculation) the command starts the server, sends one warm-up request, reads the speculative
-counters, runs the client (closed loop at --batch concurrent requests, or Poisson arrivals at
---rate), reads the counters again and stops the server. The folder holds, per request, prompt and
-output tokens, TTFT, TPOT and the inter-chunk latencies; the counters' difference (drafts, draft
-tokens, accepted, accepted per position); each server's log; and the outputs. A server sees its
-steps, the client does not: steps.parquet is empty, and `tokens_per_step` comes from the counters.
+A study is every drafter (n-gram at each --k, and with --baseline no speculation) at every setting
+(context x load). Each drafter's server starts once and serves every setting in turn, or with
+--interleave starts afresh for each setting, the drafters of one setting back to back (paired
+measurements where the machine's speed drifts over minutes). A server is started, sent one warm-up
+request, and per setting its speculative counters are read, the client runs (closed loop at --batch
+concurrent requests, or Poisson arrivals at --rate) and the counters are read again. Every drafter
+of a setting gets the same prompts; a later setting takes prompts after the earlier ones', so no
+prefix cache holds them. A run folder holds, per request, prompt and output tokens, TTFT, TPOT and
+the inter-step latencies; the counters' difference (drafts, draft tokens, accepted, accepted per
+position); the server's log of the run; and the outputs. A server sees its steps, the client does
+not: steps.parquet is empty, and `tokens_per_step` comes from the counters.
 """
 from __future__ import annotations
 
@@ -25,27 +29,30 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from profiler.live.config import DEFAULT_PROMPTS
+from profiler.serve import llama_cpp, vllm
 from profiler.serve.client import RequestRecord, run_closed_loop, run_poisson, stream_completion
 from profiler.serve.metrics import SpecCounters, scrape_spec_counters
-from profiler.serve.server import HOST, SERVED_NAME, ServerConfig, VllmServer, vllm_version
+from profiler.serve.server import HOST, SERVED_NAME, EngineServerConfig, ServerProcess
 from sim.errors import InputError
 from sim.formats.provenance import REPO_ROOT, git_revision, repo_relative
 
-VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 WARM_UP_TOKENS = 32
+POISSON_SLOTS = 16           # llama.cpp's slots for a study of Poisson runs only
 
 
 class ServeConfig(BaseModel):
     """One serve-live run. Field names are the command line's flags (underscored)."""
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    engine: Literal["vllm"] = "vllm"
-    model: Path                          # a Hugging Face folder (python -m profiler export-hf)
-    venv: Path = Path(".vllm-venv")      # the engine's virtual environment
+    engine: Literal["vllm", "llama.cpp"] = "vllm"
+    model: Path                          # vllm: a Hugging Face folder (profiler export-hf); llama.cpp: a GGUF file
+    venv: Path = Path(".vllm-venv")      # vllm: its virtual environment
+    server_bin: Path = llama_cpp.DEFAULT_BINARY   # llama.cpp: its llama-server
+    parallel: int | None = None          # llama.cpp: slots (default: the study's largest batch)
     method: Literal["none", "ngram"] = "ngram"
     k: int = 4                           # drafted tokens per step
-    prompt_lookup_min: int = 2           # ngram: shortest n-gram matched
-    prompt_lookup_max: int = 4           # ngram: longest n-gram matched
+    prompt_lookup_min: int = 2           # ngram: shortest n-gram matched (llama.cpp: the n-gram looked up)
+    prompt_lookup_max: int = 4           # ngram: longest n-gram matched (vllm only)
     batch: int | None = 1                # closed loop: requests in flight
     rate: float | None = None            # open loop: Poisson arrivals per second (instead of batch)
     prompts: Path = DEFAULT_PROMPTS      # JSONL with `prompt` or `turns`, optional `category`
@@ -56,7 +63,8 @@ class ServeConfig(BaseModel):
     text: Path | None = None
     max_new_tokens: int = 64
     baseline: bool = False               # also run the server without speculation: speedup
-    dtype: Literal["fp32", "bf16"] = "fp32"
+    interleave: bool = False             # a server start per setting, the drafters of a setting back to back
+    dtype: Literal["fp32", "bf16"] = "fp32"      # vllm: the weights' dtype (llama.cpp: the GGUF's own)
     threads: int = 2
     max_model_len: int = 2048
     port: int = 8391
@@ -65,17 +73,43 @@ class ServeConfig(BaseModel):
 
     def recorded(self) -> dict:
         values = self.model_dump(mode="json")
-        for name in ("model", "venv", "prompts", "text", "out"):
+        for name in ("model", "venv", "server_bin", "prompts", "text", "out"):
             values[name] = repo_relative(getattr(self, name))
+        if self.model == smollm2_gguf():
+            values["model"] = "smollm2"          # the package's file, wherever it is installed
         if self.context is not None:
             values["prompts"] = None
+        if self.engine == "vllm":
+            values.update(server_bin=None, parallel=None)
+        else:
+            values.update(venv=None, dtype=None)
         return values
 
-    def speculative_config(self) -> dict | None:
-        if self.method == "none":
-            return None
-        return {"method": "ngram", "num_speculative_tokens": self.k, "prompt_lookup_min": self.prompt_lookup_min,
-                "prompt_lookup_max": self.prompt_lookup_max}
+    @property
+    def drafter(self) -> str:
+        return "none" if self.method == "none" else f"{self.method}-k{self.k}"
+
+    def server_config(self, log: Path | None = None) -> EngineServerConfig:
+        """The engine's server for this run's drafter."""
+        drafting = self.method != "none"
+        if self.engine == "vllm":
+            speculative = vllm.ngram_config(self.k, self.prompt_lookup_min, self.prompt_lookup_max) if drafting else None
+            return vllm.VllmServerConfig(model=self.model, venv=self.venv, port=self.port, dtype=vllm.DTYPES[self.dtype],
+                                         max_model_len=self.max_model_len, threads=self.threads, seed=self.seed,
+                                         speculative=speculative, log=log)
+        speculative = llama_cpp.ngram_simple(self.k, self.prompt_lookup_min) if drafting else None
+        return llama_cpp.LlamaServerConfig(model=self.model, binary=self.server_bin, port=self.port,
+                                           parallel=self.parallel or 1, max_model_len=self.max_model_len,
+                                           threads=self.threads, seed=self.seed, speculative=speculative, log=log)
+
+
+def smollm2_gguf() -> Path | None:
+    from profiler.engine.gguf_loader import ModelLoadError, smollm2_path
+
+    try:
+        return smollm2_path()
+    except ModelLoadError:
+        return None
 
 
 def check_serve_config(config: ServeConfig) -> None:
@@ -100,33 +134,48 @@ def check_serve_config(config: ServeConfig) -> None:
         raise InputError("--out", f"{config.out} exists; give a new folder")
     if not 1 <= config.port <= 65535:
         raise InputError("--port", f"must be a TCP port (got {config.port})")
+    if config.parallel is not None and config.parallel < 1:
+        raise InputError("--parallel", f"must be at least 1 (got {config.parallel})")
+    if config.engine == "llama.cpp" and config.batch is not None and config.batch > (config.parallel or 1):
+        raise InputError("--parallel", f"{config.parallel} slots cannot serve {config.batch} requests at once")
 
 
 def settings_of(values: dict) -> list[ServeConfig]:
-    """The command line's runs: every context (or none) with every batch or rate. One run is written
-    to --out; several to --out/NAME each (NAME: drafter, context, load, e.g. ngram-k4-c512-b8: unique
-    across a study's servers), and then --limit must say how many prompts each takes."""
+    """The command line's runs: every drafter (n-gram at each --k, and with --baseline none) at every
+    context (or none) with every batch or rate, drafter by drafter. One run is written to --out
+    (its baseline only into its summary); several to --out/NAME each (NAME: drafter, context, load,
+    e.g. ngram-k4-c512-b8: unique across a study), and then --limit must say how many prompts each
+    setting takes."""
     loads = [("batch", b) for b in values.pop("batch") or []] + [("rate", r) for r in values.pop("rate") or []]
     loads = loads or [("batch", 1)]
     contexts = values.pop("context") or [None]
     out = values.pop("out")
     limits = values.pop("limit") or [None]
+    ks = values.pop("k")
+    ks = [ks] if isinstance(ks, int) else list(ks)
     if len(limits) not in (1, len(loads)):
         raise InputError("--limit", f"give one value or one per load ({len(loads)}), not {len(limits)}")
     limits = limits * len(loads) if len(limits) == 1 else limits
-    runs = [(c, kind, v, n) for c in contexts for (kind, v), n in zip(loads, limits)]
-    if len(runs) > 1 and limits[0] is None:
+    settings = [(c, kind, v, n) for c in contexts for (kind, v), n in zip(loads, limits)]
+    drafters = [("none", ks[0])] if values["method"] == "none" else [(values["method"], k) for k in ks]
+    several = len(settings) * len(drafters) > 1
+    if several and values.get("baseline") and values["method"] != "none":
+        drafters.append(("none", ks[0]))      # the baseline's runs are folders of their own
+    if several and limits[0] is None:
         raise InputError("--limit", "several runs need --limit: the prompts each run takes")
-    if len(runs) > 1 and Path(out).exists():
+    if several and Path(out).exists():
         raise InputError("--out", f"{out} exists; give a new folder")
+    if values.get("parallel") is None and values.get("engine") == "llama.cpp":
+        batches = [v for kind, v in loads if kind == "batch"]
+        values["parallel"] = max(batches + ([POISSON_SLOTS] if len(batches) < len(loads) else []))
     configs = []
-    for context, kind, value, limit in runs:
-        drafter = "none" if values["method"] == "none" else f"{values['method']}-k{values['k']}"
-        name = f"{drafter}-" + (f"c{context}-" if context is not None else "") + \
-            (f"b{value}" if kind == "batch" else f"r{value:g}")
-        load = {"batch": value, "rate": None} if kind == "batch" else {"batch": None, "rate": value}
-        configs.append(ServeConfig(**values, **load, context=context, limit=limit,
-                                   out=out if len(runs) == 1 else Path(out) / name))
+    for method, k in drafters:
+        for context, kind, value, limit in settings:
+            load = {"batch": value, "rate": None} if kind == "batch" else {"batch": None, "rate": value}
+            config = ServeConfig(**{**values, "method": method}, k=k, **load, context=context, limit=limit, out=out)
+            name = f"{config.drafter}-" + (f"c{context}-" if context is not None else "") + \
+                (f"b{value}" if kind == "batch" else f"r{value:g}")
+            configs.append(config.model_copy(update={"out": Path(out) / name}) if several else config)
     return configs
 
 
@@ -157,57 +206,70 @@ def serve_live(config: ServeConfig) -> dict:
 
 
 def serve_settings(configs: list[ServeConfig]) -> list[dict]:
-    """Several settings (load, context) of one server configuration: each server (speculative, and
-    with --baseline the same without speculation) starts once and serves every setting in turn, each
-    on prompts of its own (a later setting starts where the earlier ones' prompts ended, so vLLM's
-    prefix cache never holds them); each setting is written to its own run folder."""
+    """A study (settings_of): every drafter's server serves every setting, each setting on prompts
+    of its own shared by its drafters; each run is written to its own folder. Returns the summaries
+    of the runs written."""
     import pandas as pd
 
-    from profiler.engine.gguf_loader import ModelLoadError
-    from profiler.engine.loaders import _hf_tokenizer
-    from profiler.serve.server import check_server_config
     from sim.formats.run_folder import write_run_folder
 
     for config in configs:
         check_serve_config(config)
     first = configs[0]
-    server_base = ServerConfig(model=first.model, venv=first.venv, port=first.port, dtype=VLLM_DTYPES[first.dtype],
-                               max_model_len=first.max_model_len, threads=first.threads, seed=first.seed)
-    check_server_config(server_base)
-    try:
-        raw = json.loads((first.model / "config.json").read_text())
-        meta = serve_meta(first)
-    except (ValueError, ModelLoadError) as exc:
-        raise InputError("--model", f"{first.model}/config.json: {exc}") from None
-    tok = _hf_tokenizer(first.model, raw)
-    if tok is None:
-        raise InputError("--model", f"{first.model} has no tokenizer.json")
-    configs, prompt_sets = place_prompts(configs, tok)
-    plans = [("speculative", first.speculative_config())]
-    if first.baseline and first.method != "none":
-        plans.append(("baseline", None))
+    first.server_config().check()
+    tok, meta = engine_model(first)
+    drafters = list(dict.fromkeys(c.drafter for c in configs))
+    settings = [c for c in configs if c.drafter == drafters[0]]
+    placed, prompt_sets = place_prompts(settings, tok)
+    starts = {"first_prompt": [c.first_prompt for c in placed], "text_start": [c.text_start for c in placed]}
+    configs = [c.model_copy(update={name: starts[name][i % len(settings)] for name in starts})
+               for i, c in enumerate(configs)]
+    baseline_only = len(configs) == 1 and first.baseline and first.method != "none"
+    if baseline_only:
+        configs.append(first.model_copy(update={"method": "none"}))     # the baseline, into the summary only
+        drafters.append("none")
+    by_drafter = {d: [c for c in configs if c.drafter == d] for d in drafters}
+    for d in drafters[1:]:
+        by_drafter[d][0].server_config().check()       # every drafter's server, before any starts
 
     # The servers' logs stay here until the folders are written; a failed run keeps them for its message.
     scratch = Path(tempfile.mkdtemp(prefix="serve-live-"))
-    with _stopped_by_sigterm():
-        results = {name: run_server(configs, server_base, speculative, prompt_sets, scratch / f"server-{name}.log")
-                   for name, speculative in plans}
-    logs = {f"server-{name}.log": repo_relative_text((scratch / f"server-{name}.log").read_text(errors="replace"))
-            for name, _ in plans}
-
+    results: dict[str, list] = {d: [None] * len(settings) for d in drafters}
     summaries = []
-    for i, (config, (_, rows)) in enumerate(zip(configs, prompt_sets)):
-        records, wall_s, counters = results["speculative"][i]
-        baseline = results["baseline"][i] if "baseline" in results else None
-        summary = summarize(config, records, wall_s, counters, baseline)
-        requests = pd.DataFrame([request_row(r, rows[r.request]) for r in records])
-        outputs = [{"request": r.request, "text": r.text, "tokens": r.tokens} for r in records]
-        run_meta = {**meta, "arguments": config.recorded()}
-        write_run_folder(config.out, pd.DataFrame(columns=["run", "request", "step"]), requests, summary, outputs,
-                         run_meta, extra_files=logs)
-        print(json.dumps({"out": repo_relative(config.out), **{k: v for k, v in summary.items() if k != "spec_decode"}},
-                         indent=2))
-        summaries.append(summary)
+
+    def write_setting(i: int) -> None:
+        """Setting i's run folders, one per drafter (a single run's baseline only in its summary)."""
+        for d in drafters:
+            if baseline_only and d == "none":
+                continue
+            config = by_drafter[d][i]
+            records, wall_s, counters, log_text = results[d][i]
+            baseline = results["none"][i] if "none" in results and d != "none" else None
+            summary = summarize(config, records, wall_s, counters, baseline)
+            rows = prompt_sets[i][1]
+            requests = pd.DataFrame([request_row(r, rows[r.request]) for r in records])
+            outputs = [{"request": r.request, "text": r.text, "tokens": r.tokens} for r in records]
+            logs = {"server.log": repo_relative_text(log_text)}
+            if baseline_only:
+                logs["server-baseline.log"] = repo_relative_text(baseline[3])
+            write_run_folder(config.out, pd.DataFrame(columns=["run", "request", "step"]), requests, summary, outputs,
+                             {**meta, "arguments": config.recorded()}, extra_files=logs)
+            print(json.dumps({"out": repo_relative(config.out),
+                              **{k: v for k, v in summary.items() if k != "spec_decode"}}, indent=2))
+            summaries.append(summary)
+
+    with stopped_by_sigterm():
+        if first.interleave:
+            # A setting's folders are written as soon as its drafters have run: a later failure keeps them.
+            for i in range(len(settings)):
+                for d in drafters:
+                    results[d][i] = run_server([by_drafter[d][i]], [prompt_sets[i]], scratch / f"server-{d}.log")[0]
+                write_setting(i)
+        else:
+            for d in drafters:
+                results[d] = run_server(by_drafter[d], prompt_sets, scratch / f"server-{d}.log")
+            for i in range(len(settings)):
+                write_setting(i)
     shutil.rmtree(scratch, ignore_errors=True)
     return summaries
 
@@ -238,27 +300,31 @@ def place_prompts(configs: list[ServeConfig], tok) -> tuple[list[ServeConfig], l
     return placed, prompt_sets
 
 
-def run_server(configs: list[ServeConfig], server_base: ServerConfig, speculative: dict | None,
-               prompt_sets: list[tuple], log: Path) -> list[tuple[list[RequestRecord], float, SpecCounters]]:
-    """One server serving every setting in turn: start, warm up, then per setting counters, client,
-    counters; stop. A request that fails or comes back short is one line naming the server's log."""
-    server_config = ServerConfig(**{**server_base.__dict__, "speculative": speculative, "log": log})
+def run_server(configs: list[ServeConfig], prompt_sets: list[tuple], log: Path) -> list[tuple]:
+    """One server (configs[0]'s drafter) serving every setting in turn: start, warm up, then per
+    setting counters, client, counters; stop. Returns per setting (records, wall seconds, counters,
+    the log written since the previous setting, the server's start for the first). A request that
+    fails or comes back short is one line naming the server's log."""
+    server_config = configs[0].server_config(log)
+    api, prefix = server_config.api, server_config.metrics_prefix
     results = []
-    with VllmServer(server_config) as server:
+    log_start = log.stat().st_size if log.exists() else 0
+    with ServerProcess(server_config) as server:
         # A warm-up prompt no setting shares a prefix with (prefix caching stays cold for them).
         warm = RequestRecord(-1, WARM_UP_TOKENS)
-        stream_completion(HOST, server_config.port, list(range(1000, 1000 + WARM_UP_TOKENS)), 4, warm, 0.0, SERVED_NAME)
+        stream_completion(HOST, server_config.port, list(range(1000, 1000 + WARM_UP_TOKENS)), 4, warm, 0.0,
+                          SERVED_NAME, api)
         if warm.error:
             raise InputError("--model", f"the server's warm-up request failed ({warm.error}); log: {log}")
         for config, (prompts, _) in zip(configs, prompt_sets):
-            before = scrape_counters(server.url, log)
+            before = scrape_counters(server.url, prefix, log)
             if config.rate is not None:
                 records, wall_s = run_poisson(HOST, config.port, prompts, config.rate, config.max_new_tokens,
-                                              SERVED_NAME, config.seed)
+                                              SERVED_NAME, config.seed, api)
             else:
                 records, wall_s = run_closed_loop(HOST, config.port, prompts, config.batch, config.max_new_tokens,
-                                                  SERVED_NAME)
-            counters = scrape_counters(server.url, log).minus(before)
+                                                  SERVED_NAME, api)
+            counters = scrape_counters(server.url, prefix, log).minus(before)
             for r in records:
                 if r.error is None and len(r.tokens) != config.max_new_tokens:
                     r.error = f"{len(r.tokens)} of {config.max_new_tokens} tokens came back"
@@ -266,19 +332,28 @@ def run_server(configs: list[ServeConfig], server_base: ServerConfig, speculativ
             if failed:
                 raise InputError("--model", f"{len(failed)} of {len(records)} requests failed (first: {failed[0].error}); "
                                             f"log: {log}")
-            results.append((records, wall_s, counters))
-    return results
+            log_end = log.stat().st_size
+            results.append([records, wall_s, counters, log_start, log_end])
+            log_start = log_end
+    # The server's last lines (its shutdown) go with the last setting.
+    results[-1][4] = log.stat().st_size
+    with log.open("rb") as handle:
+        texts = []
+        for *_, start, end in results:
+            handle.seek(start)
+            texts.append(handle.read(end - start).decode(errors="replace"))
+    return [(records, wall_s, counters, text) for (records, wall_s, counters, _, _), text in zip(results, texts)]
 
 
-def scrape_counters(url: str, log: Path) -> SpecCounters:
+def scrape_counters(url: str, prefix: str, log: Path) -> SpecCounters:
     try:
-        return scrape_spec_counters(url)
+        return scrape_spec_counters(url, prefix)
     except OSError as exc:
         raise InputError("--model", f"the server's /metrics could not be read ({exc}); log: {log}") from None
 
 
 @contextlib.contextmanager
-def _stopped_by_sigterm():
+def stopped_by_sigterm():
     """SIGTERM (a CI cancel, `timeout`) raises SystemExit here, so every server is stopped on the way out."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -333,7 +408,7 @@ def summarize(config: ServeConfig, records, wall_s: float, counters: SpecCounter
         spec["drafted_step_share"] = counters.drafts / steps
         summary["spec_decode"] = spec
     if baseline is not None:
-        base_records, base_wall_s, _ = baseline
+        base_records, base_wall_s = baseline[:2]
         summary["baseline_throughput_tok_s"] = throughput_tok_s(base_records, base_wall_s)
         summary["speedup"] = summary["throughput_tok_s"] / summary["baseline_throughput_tok_s"]
         summary.update({f"baseline_{k}": v for k, v in latency_p50_ms(base_records).items()})
@@ -344,13 +419,33 @@ def summarize(config: ServeConfig, records, wall_s: float, counters: SpecCounter
     return summary
 
 
-def serve_meta(config: ServeConfig) -> dict:
-    from profiler.engine.loaders import hf_folder_hash, hf_llama_config
+def read_engine_model(engine: str, model: Path, dtype: str) -> tuple[object, object, str, str]:
+    """The served model's tokenizer (prompts are its token ids), shape (LlamaConfig), weights' dtype
+    as the engine runs them (vllm: `dtype`; llama.cpp: the GGUF's) and hash."""
+    from profiler.engine.gguf_loader import ModelLoadError
+    from profiler.engine.loaders import _hf_tokenizer, hf_folder_hash, hf_llama_config
 
-    shape = hf_llama_config(config.model / "config.json")
-    return {"device": "cpu", "cpu": platform.processor() or platform.machine(), "threads": config.threads,
-            "engine": config.engine, "engine_version": vllm_version(config.venv), "python": platform.python_version(),
-            "dtype": VLLM_DTYPES[config.dtype], "model": repo_relative(config.model),
-            "model_hash": hf_folder_hash(config.model), "random_weights": False, "config": shape.__dict__,
-            "arguments": config.recorded(), "git_revision": git_revision(), "seed": config.seed}
+    if engine == "llama.cpp":
+        return llama_cpp.gguf_model(model)
+    try:
+        raw = json.loads((model / "config.json").read_text())
+        shape = hf_llama_config(model / "config.json")
+    except (OSError, ValueError, KeyError, ModelLoadError) as exc:
+        raise InputError("--model", f"{model}/config.json: {exc}") from None
+    tok = _hf_tokenizer(model, raw)
+    if tok is None:
+        raise InputError("--model", f"{model} has no tokenizer.json (python -m profiler export-hf writes one)")
+    return tok, shape, vllm.DTYPES[dtype], hf_folder_hash(model)
 
+
+def engine_model(config: ServeConfig) -> tuple[object, dict]:
+    """The model's tokenizer and the run folder's meta: the engine, its version, the model's shape,
+    dtype and hash, where and how it ran."""
+    tok, shape, dtype, model_hash = read_engine_model(config.engine, config.model, config.dtype)
+    recorded = config.recorded()
+    meta = {"device": "cpu", "cpu": platform.processor() or platform.machine(), "threads": config.threads,
+            "engine": config.engine, "engine_version": config.server_config().version(),
+            "python": platform.python_version(), "dtype": dtype, "model": recorded["model"], "model_hash": model_hash,
+            "random_weights": False, "config": shape.__dict__, "arguments": recorded, "git_revision": git_revision(),
+            "seed": config.seed}
+    return tok, meta

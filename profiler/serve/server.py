@@ -1,17 +1,13 @@
-"""A real `vllm serve` (vLLM's OpenAI-compatible server) started and stopped by the profiler.
+"""A real engine's server started and stopped by the profiler: vLLM's `vllm serve`
+(profiler/serve/vllm.py) or llama.cpp's `llama-server` (profiler/serve/llama_cpp.py).
 
-The server runs from vLLM's own virtual environment (scripts/setup-vllm-cpu.sh) on 127.0.0.1, in a
-process group of its own, so stopping it stops its engine-core and helper processes too. It is
-stopped on every path out of the `with` block: a normal end, an error, Ctrl-C. Its log is kept.
-
-vLLM's CPU build runs here with the settings that worked on this machine class: a fixed KV cache
-(`VLLM_CPU_KVCACHE_SPACE`, GiB), OpenMP threads unbound (`VLLM_CPU_OMP_THREADS_BIND=nobind`; the
-VM's cores are not the host's), Intel's OpenMP runtime preloaded from the venv, and eager mode
-(`--enforce-eager`: no graph capture to warm up).
+The server runs on 127.0.0.1 in a process group of its own, so stopping it stops its engine-core and
+helper processes too. It is stopped on every path out of the `with` block: a normal end, an error,
+Ctrl-C. Its log is kept. An engine's config says how to start it (`command()`, `environment()`),
+what is wrong before it starts (`check()`), and how a client talks to it (`api`, `metrics_prefix`).
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -19,70 +15,29 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
+from profiler.serve.client import CompletionApi
 from sim.errors import InputError
 
 HOST = "127.0.0.1"
 SERVED_NAME = "model"
 
 
-@dataclass(frozen=True)
-class ServerConfig:
-    model: Path                      # a Hugging Face folder (config.json, safetensors, tokenizer)
-    venv: Path = Path(".vllm-venv")  # vLLM's virtual environment
-    port: int = 8391
-    dtype: str = "float32"           # vLLM's --dtype
-    max_model_len: int = 2048
-    threads: int = 2
-    kv_cache_gib: int = 2
-    seed: int = 0
-    speculative: dict | None = None  # vLLM's --speculative-config, None: no speculation
-    start_timeout_s: float = 300.0
-    log: Path | None = None          # where the server's output goes (default: a temporary file)
+class EngineServerConfig(Protocol):
+    label: str                       # the server's name in messages ("vLLM's server")
+    engine: str                      # the run folder's engine ("vllm", "llama.cpp")
+    api: CompletionApi               # how requests are sent and streamed chunks read
+    metrics_prefix: str              # its speculative counters' prefix on /metrics
+    port: int
+    start_timeout_s: float
+    log: Path | None
 
-    def command(self) -> list[str]:
-        cmd = [str(self.venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
-               "--model", str(self.model), "--served-model-name", SERVED_NAME, "--host", HOST,
-               "--port", str(self.port), "--max-model-len", str(self.max_model_len), "--enforce-eager",
-               "--dtype", self.dtype, "--seed", str(self.seed), "--disable-uvicorn-access-log"]
-        if self.speculative is not None:
-            cmd += ["--speculative-config", json.dumps(self.speculative)]
-        return cmd
-
-    def environment(self) -> dict:
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-               "OMP_NUM_THREADS": str(self.threads), "VLLM_LOGGING_LEVEL": "INFO"}
-        iomp = self.venv / "lib" / "libiomp5.so"
-        if iomp.exists():
-            env["LD_PRELOAD"] = str(iomp.resolve())
-        return env
-
-
-def vllm_version(venv: Path) -> str:
-    """vLLM's version in `venv`, read from its package metadata (the CPU build is named vllm-cpu)."""
-    python = venv / "bin" / "python"
-    script = "import importlib.metadata as m; print(m.version('vllm-cpu'))"
-    try:
-        out = subprocess.run([str(python), "-c", script], capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return out.stdout.strip() or "unknown"
-
-
-def check_server_config(config: ServerConfig) -> None:
-    """Bad input, before anything starts: one line naming what is wrong."""
-    if not (config.venv / "bin" / "python").exists():
-        raise InputError("--venv", f"{config.venv} is not a virtual environment with vLLM; "
-                                   f"run scripts/setup-vllm-cpu.sh {config.venv}")
-    if not (config.model / "config.json").is_file():
-        raise InputError("--model", f"{config.model} is not a Hugging Face model folder (no config.json); "
-                                    f"python -m profiler export-hf writes one")
-    if not list(config.model.glob("*.safetensors")):
-        raise InputError("--model", f"{config.model} has no .safetensors weights")
-    if port_in_use(config.port):
-        raise InputError("--port", f"{HOST}:{config.port} is in use")
+    def command(self) -> list[str]: ...
+    def environment(self) -> dict: ...
+    def check(self) -> None: ...
+    def version(self) -> str: ...
 
 
 def port_in_use(port: int) -> bool:
@@ -95,27 +50,35 @@ def port_in_use(port: int) -> bool:
     return False
 
 
-class VllmServer:
-    """`with VllmServer(config) as server:` a healthy server at server.url, stopped on exit."""
+def check_port(port: int) -> None:
+    if not 1 <= port <= 65535:
+        raise InputError("--port", f"must be a TCP port (got {port})")
+    if port_in_use(port):
+        raise InputError("--port", f"{HOST}:{port} is in use")
 
-    def __init__(self, config: ServerConfig):
+
+class ServerProcess:
+    """`with ServerProcess(config) as server:` a healthy server at server.url, stopped on exit."""
+
+    def __init__(self, config: EngineServerConfig):
         self.config = config
         self.url = f"http://{HOST}:{config.port}"
         self.process: subprocess.Popen | None = None
         self.log_path = config.log
         self.started_s = 0.0
 
-    def __enter__(self) -> "VllmServer":
-        check_server_config(self.config)
+    def __enter__(self) -> "ServerProcess":
+        self.config.check()
         if self.log_path is None:
             import tempfile
 
-            handle, name = tempfile.mkstemp(prefix="vllm-server-", suffix=".log")
+            handle, name = tempfile.mkstemp(prefix="engine-server-", suffix=".log")
             os.close(handle)
             self.log_path = Path(name)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
-        with self.log_path.open("w") as log:
+        # Appended: a log may hold several starts of one engine (interleaved runs).
+        with self.log_path.open("a") as log:
             self.process = subprocess.Popen(self.config.command(), stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, env=self.config.environment(),
                                             start_new_session=True, preexec_fn=_die_with_parent)
@@ -131,10 +94,11 @@ class VllmServer:
         self.stop()
 
     def await_health(self) -> None:
+        label = self.config.label
         deadline = time.monotonic() + self.config.start_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise InputError("--model", f"vLLM's server exited while starting ({self.last_log_line()}); "
+                raise InputError("--model", f"{label} exited while starting ({self.last_log_line()}); "
                                             f"log: {self.log_path}")
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as response:
@@ -142,8 +106,8 @@ class VllmServer:
                         return
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 pass
-            time.sleep(0.5)
-        raise InputError("--model", f"vLLM's server was not healthy within {self.config.start_timeout_s:.0f} s; "
+            time.sleep(0.25)
+        raise InputError("--model", f"{label} was not healthy within {self.config.start_timeout_s:.0f} s; "
                                     f"log: {self.log_path}")
 
     def last_log_line(self) -> str:

@@ -1,5 +1,8 @@
-"""The names both sides use: drafting methods and the phases an engine's time is split into."""
+"""The names both sides use: drafting methods, the phases an engine's time is split into, and the
+scenario dtype of the weights an engine reports."""
 from __future__ import annotations
+
+from sim.errors import InputError
 
 # Every method a scenario can speculate with; the live engine runs LIVE_METHODS of them (the heads,
 # EAGLE, MTP and Medusa, are simulated only).
@@ -18,3 +21,16 @@ SHARE_GROUPS = {"prefill": ("prefill",), "target": ("decode", "verify", "partial
 def share_group(phase: str) -> str:
     """The SHARE_GROUPS group of one of the simulator's phases."""
     return next(group for group, phases in SHARE_GROUPS.items() if phase in phases)
+
+
+# The weights' dtype a run records (the engine's name for it) as a scenario's dtype: llama.cpp's
+# 4-bit GGUF types are int4 weights.
+SCENARIO_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "q4_0": "int4", "q4_1": "int4",
+                   "q4_k_m": "int4"}
+
+
+def scenario_dtype(recorded: str) -> str:
+    if recorded not in SCENARIO_DTYPES:
+        raise InputError("RUN_DIR", f"weights of dtype {recorded} have no scenario dtype "
+                                    f"({', '.join(SCENARIO_DTYPES)} do)")
+    return SCENARIO_DTYPES[recorded]

@@ -19,10 +19,10 @@ from sim.formats.run_folder import META, REQUESTS, STEPS, SUMMARY
 DRAFT_SETTINGS = {"ngram": (), "shadow": ("bits", "group_size"), "layerskip": ("exit_layer",),
                   "streaming": ("sink", "window"), "draft_model": ("draft_model", "draft_layers")}
 # Engines whose runs are a server's (profiler serve-live): continuous batching, no step records.
-SERVER_ENGINES = ("vllm",)
+SERVER_ENGINES = ("vllm", "llama.cpp")
 # What makes two server runs serve the same requests the same way (speculation aside).
 SERVER_SETTING = ("model", "dtype", "threads", "seed", "context", "text", "text_start", "prompts", "first_prompt",
-                  "limit", "batch", "rate", "max_new_tokens", "max_model_len")
+                  "limit", "batch", "rate", "max_new_tokens", "max_model_len", "parallel")
 # What makes two runs decode the same prompts in the same batches.
 SETTING = ("model", "dtype", "device", "threads", "seed", "context", "text", "prompts", "limit", "batch",
            "max_new_tokens", "temperature", "top_p")
@@ -111,6 +111,8 @@ class ServerRun(RunFolder):
         if not self.speculative:
             return "none"
         a = self.args
+        if self.meta.get("engine") == "llama.cpp":        # ngram-simple looks up one n-gram length
+            return f"{self.method} k={a['k']} n={a['prompt_lookup_min']}"
         return f"{self.method} k={a['k']} n={a['prompt_lookup_min']}-{a['prompt_lookup_max']}"
 
     @property

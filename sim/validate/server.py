@@ -1,13 +1,13 @@
-"""The simulator against a real engine's server: `profiler serve-live` run folders (vLLM) predicted
-and compared.
+"""The simulator against a real engine's server: `profiler serve-live` run folders (vLLM's server,
+llama.cpp's llama-server) predicted and compared.
 
 A server run is a client's view: per request its prompt and output tokens, when it was sent, its
 time to first token and time per output token, and the server's speculative counters over the run
 (drafts, draft tokens, accepted tokens per draft position). The matching simulation serves the same
 requests the same way: a closed loop at the run's concurrency taking the prompts in order, or the
-requests at the times the Poisson client sent them; vLLM's scheduler (continuous batching, chunked
-prefill in a 2,048-token budget, ragged verification) with the engine priced by a black-box bundle
-of that engine (`profiler calibrate --engine vllm`).
+requests at the times the Poisson client sent them; the engine's scheduler (continuous batching,
+chunked prefill in a 2,048-token budget, ragged verification; llama.cpp: at most its slots decode)
+with the engine priced by a black-box bundle of that engine (`profiler calibrate --engine ENGINE`).
 
 Two predictions per speculative run:
 - own: acceptance from the run's own counters: the share of request-steps that drafted (an n-gram
@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.errors import InputError
+from sim.formats.names import scenario_dtype
 from sim.validate.runs import ServerRun
 
 PREDICTIONS = ("cost model", "own", "fitted")
@@ -35,7 +36,15 @@ METRICS = ("tok_s", "speedup", "ttft_p50_ms", "tpot_p50_ms", "tokens_per_step")
 # vLLM's CPU server defaults (vllm/engine/arg_utils.py: max_num_batched_tokens 2,048 and
 # max_num_seqs 128 for the OpenAI server on a CPU).
 VLLM_CPU_SCHEDULER = {"max_batch": 128, "prefill_chunk": 2048, "pad_ragged": False}
+# llama-server: its slots decode together, and each llama_decode takes the slots' decode (and draft)
+# tokens and then prompt tokens up to its logical batch, --batch-size 2,048 (tools/server).
+LLAMA_CPP_PREFILL_CHUNK = 2048
 FITTED_REPLICATIONS = 4
+def engine_scheduler(run: ServerRun) -> dict:
+    """The scheduler of the run's server."""
+    if run.meta["engine"] == "llama.cpp":
+        return {"max_batch": int(run.args["parallel"]), "prefill_chunk": LLAMA_CPP_PREFILL_CHUNK, "pad_ragged": False}
+    return dict(VLLM_CPU_SCHEDULER)
 
 
 def server_acceptance(runs: list[ServerRun]) -> dict | None:
@@ -75,8 +84,8 @@ def server_scenario(run: ServerRun, calibration: Path, trace_dir: Path, acceptan
                     "prompt_tokens": prompts, "output_tokens": outputs}
     scenario = {"hardware": load_bundle(calibration).meta["device"].get("hardware", "cpu"),
                 "model": model_preset_of(run.meta["config"]),
-                "dtype": {"float32": "fp32", "bfloat16": "bf16"}[run.meta["dtype"]], "engine": "vllm",
-                "calibration": str(calibration), "workload": workload, "scheduler": dict(VLLM_CPU_SCHEDULER),
+                "dtype": scenario_dtype(run.meta["dtype"]), "engine": run.meta["engine"],
+                "calibration": str(calibration), "workload": workload, "scheduler": engine_scheduler(run),
                 "seed": int(run.meta.get("seed", 0))}
     if acceptance is not None:
         scenario["speculation"] = {"method": "ngram", "num_speculative_tokens": int(run.args["k"]),
@@ -155,7 +164,7 @@ def compare_server_runs(runs: list[ServerRun], calibration: Path | None, progres
     """Every server run predicted (own and fitted acceptance for speculative runs) against its measurement."""
     if calibration is None:
         raise InputError("--calibration", "server runs are priced by a bundle of their engine "
-                                          "(python -m profiler calibrate --engine vllm)")
+                                          "(python -m profiler calibrate --engine vllm | llama.cpp)")
     from sim.formats.bundle import load_bundle
 
     engine = load_bundle(calibration).meta.get("engine")

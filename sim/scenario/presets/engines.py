@@ -79,6 +79,13 @@ ENGINES: dict[str, EngineSpec] = {
     "gpt-fast": EngineSpec("gpt-fast", mem_efficiency=0.70, compute_efficiency=0.60, step_overhead_s=40e-6,
                            request_overhead_s=0.0, forward_overhead_s=20e-6, layer_overhead_s=0.0,
                            ngram_lookup_s=20e-6, int4_mem_efficiency=0.35),
+    # llama.cpp's llama-server: quantized GGUF kernels, CUDA graphs for small decode batches, a C++
+    # server loop (slots, sampling, n-gram lookup) between forwards. Rough figures: no published
+    # llama.cpp measurement is in the catalogue yet, so without a calibration bundle (`profiler
+    # calibrate --engine llama.cpp`, which replaces every one of them) its absolute times are unvalidated.
+    "llama.cpp": EngineSpec("llama.cpp", mem_efficiency=0.65, compute_efficiency=0.50, step_overhead_s=500e-6,
+                            request_overhead_s=10e-6, forward_overhead_s=50e-6, layer_overhead_s=0.0,
+                            ngram_lookup_s=10e-6, int4_mem_efficiency=0.60),
     # Hugging Face transformers in eager mode: every kernel launched from Python, so each decoder layer
     # costs a few hundred microseconds of launch time at small batch; generate() adds per-step work.
     # `sim validate --published --fit` searches layer_overhead_s and both efficiencies on the fit half

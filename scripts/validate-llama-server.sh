@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The simulator against llama.cpp's server: llama-server serving SmolLM2's Q4_1 GGUF with 16 slots,
+# its n-gram drafter (ngram-simple, 2-token lookup) at k = 2, 4, 6 and no speculation, closed loops
+# at batch 1-16 on 512- and 2,048-token prompts and Poisson arrivals at two rates, predicted from a
+# black-box calibration of that server with acceptance from each run's own counters and fitted on
+# the others (docs/validation-servers.md). llama.cpp prefills about 270 tokens/s on 2 cores (a third of
+# vLLM's rate), so the 2,048-token runs take half vLLM's prompts, and the Poisson rates, 0.15 and
+# 0.3 requests/s, load the server about a third and two thirds of the way to what it can prefill.
+#
+#   scripts/validate-llama-server.sh TEXT [OUT] [BUNDLE]
+#
+# TEXT: the plain text the prompts are cut from (../shared/data/pride_and_prejudice.txt);
+# OUT: default validation/llama-cpp-cpu; BUNDLE: an existing `calibrate --engine llama.cpp` bundle
+# (default calibration/cpu-llama-cpp/smollm2-135m, calibrated first if missing).
+# Needs .llama-server (scripts/build-llama-server.sh). The servers start afresh for every setting,
+# its four drafters back to back (--interleave), so each speedup is measured minutes, not tens of
+# minutes, from its baseline. About 40 minutes on a 2-core CPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+text=${1:?usage: scripts/validate-llama-server.sh TEXT [OUT] [BUNDLE]}
+out=${2:-validation/llama-cpp-cpu}
+bundle=${3:-calibration/cpu-llama-cpp/smollm2-135m}
+if [ ! -f "$bundle/meta.json" ]; then
+    python -m profiler calibrate --engine llama.cpp --model smollm2 --out "$bundle"
+fi
+common=(--engine llama.cpp --model smollm2 --method ngram --k 2 4 6 --baseline --interleave --parallel 16
+        --text "$text" --max-new-tokens 64 --max-model-len 4096)
+rm -rf "$out/c512" "$out/c2048" "$out/poisson"
+python -m profiler serve-live "${common[@]}" --context 512 --batch 1 2 4 8 16 --limit 4 4 8 16 24 \
+    --out "$out/c512" >/dev/null
+python -m profiler serve-live "${common[@]}" --context 2048 --batch 1 2 4 8 16 --limit 2 2 4 8 16 \
+    --out "$out/c2048" >/dev/null
+python -m profiler serve-live "${common[@]}" --context 512 --rate 0.15 0.3 --limit 12 --out "$out/poisson" >/dev/null
+python -m sim validate "$out"/c512/ "$out"/c2048/ "$out"/poisson/ --calibration "$bundle" --out "$out" \
+    --docs docs/validation-servers.md

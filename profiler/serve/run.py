@@ -200,11 +200,6 @@ def build_prompts(config: ServeConfig, tok) -> tuple[list[list[int]], list[dict]
     return prompts, rows
 
 
-def serve_live(config: ServeConfig) -> dict:
-    """One setting; returns its summary (also written to its folder)."""
-    return serve_settings([config])[0]
-
-
 def serve_settings(configs: list[ServeConfig]) -> list[dict]:
     """A study (settings_of): every drafter's server serves every setting, each setting on prompts
     of its own shared by its drafters; each run is written to its own folder. Returns the summaries

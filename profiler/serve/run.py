@@ -132,8 +132,6 @@ def check_serve_config(config: ServeConfig) -> None:
         raise InputError("--context", "long-context mode needs both --context and --text")
     if config.out.exists():
         raise InputError("--out", f"{config.out} exists; give a new folder")
-    if not 1 <= config.port <= 65535:
-        raise InputError("--port", f"must be a TCP port (got {config.port})")
     if config.parallel is not None and config.parallel < 1:
         raise InputError("--parallel", f"must be at least 1 (got {config.parallel})")
     if config.engine == "llama.cpp" and config.batch is not None and config.batch > (config.parallel or 1):
@@ -211,7 +209,8 @@ def serve_settings(configs: list[ServeConfig]) -> list[dict]:
     for config in configs:
         check_serve_config(config)
     first = configs[0]
-    first.server_config().check()
+    for config in {c.drafter: c for c in configs}.values():
+        config.server_config().check()                 # every drafter's server, before any starts
     tok, meta = engine_model(first)
     drafters = list(dict.fromkeys(c.drafter for c in configs))
     settings = [c for c in configs if c.drafter == drafters[0]]
@@ -224,8 +223,6 @@ def serve_settings(configs: list[ServeConfig]) -> list[dict]:
         configs.append(first.model_copy(update={"method": "none"}))     # the baseline, into the summary only
         drafters.append("none")
     by_drafter = {d: [c for c in configs if c.drafter == d] for d in drafters}
-    for d in drafters[1:]:
-        by_drafter[d][0].server_config().check()       # every drafter's server, before any starts
 
     # The servers' logs stay here until the folders are written; a failed run keeps them for its message.
     scratch = Path(tempfile.mkdtemp(prefix="serve-live-"))

@@ -111,6 +111,7 @@ class PipelineSimulation:
         self.static_end_first = self.static and scenario.scheduler.static_end == "first"
         self.max_batch = min(scenario.scheduler.max_batch, memory.max_running or scenario.scheduler.max_batch)
         self.prefill_chunk = scenario.scheduler.prefill_chunk
+        self.budget_includes_decode = scenario.scheduler.budget_includes_decode
         self.reserve_tokens = memory.partial_cache_tokens
         self.offloaded_layers = memory.offloaded_layers
         self.draft_offloaded_layers = draft_offloaded_layers(scenario, memory)
@@ -196,9 +197,19 @@ class PipelineSimulation:
         s.remove(i)
         return rid, ctx
 
-    def prefill_chunks(self) -> list[tuple[list[int], int]]:
-        """Share the iteration's prefill token budget among prefilling requests, oldest first."""
-        budget = self.prefill_chunk
+    def decode_tokens(self, n: int) -> int:
+        """Tokens decoding slots 0..n-1 feed this iteration's forward: each its verification's
+        (its own proposal's length where drafters propose fewer), one without speculation."""
+        if n == 0:
+            return 0
+        if self.proposal_lengths is not None and not self.pad_ragged:
+            return int(self.proposal_lengths(self.slots.rid[:n], self.slots.steps[:n]).sum())
+        return n * self.verify_tokens
+
+    def prefill_chunks(self, decode_tokens: int = 0) -> list[tuple[list[int], int]]:
+        """Share the iteration's prefill token budget among prefilling requests, oldest first
+        (what the decoding requests' `decode_tokens` leave of it, where they count)."""
+        budget = max(self.prefill_chunk - decode_tokens, 0)
         chunks = []
         for entry in self.prefilling:
             if budget == 0:
@@ -526,9 +537,11 @@ class PipelineSimulation:
                 continue
             if self.kv_used_tokens + self.slots.n * self.verify_tokens > self.memory.kv_capacity_tokens:
                 self.make_room_for_step()
-            chunks = self.prefill_chunks() if self.prefilling else ()
             # A static batch decodes only once all its prompts are prefilled (in chunks).
             n = 0 if self.static and self.prefilling else self.slots.n
+            chunks = ()
+            if self.prefilling:
+                chunks = self.prefill_chunks(self.decode_tokens(n) if self.budget_includes_decode else 0)
             step_s, plan = self.price_iteration(chunks, shares, n)
             yield self.env.timeout(step_s)
             record.step_s.append(step_s)

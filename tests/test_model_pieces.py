@@ -328,3 +328,21 @@ def test_a_draft_model_with_a_kv_budget_reads_only_its_window():
                                                                     "output_tokens": 8}}).memory["kv_capacity_tokens"]
         * (per_token_target + kv_bytes_per_token(tiny, 1, 2)) / per_token_target, rel=0.01)
 
+
+
+def test_decoding_tokens_come_out_of_the_prefill_budget_where_the_engine_counts_them(tmp_path):
+    # Request 0 (3 tokens) decodes, one token a step or 1 + k verified with speculation, while
+    # request 1's 128-token prompt is prefilled in 64-token iterations: 2 chunks when prompts have
+    # the budget to themselves, 3 when the decoding tokens come out of it first (vLLM, llama.cpp).
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,64,3\n0.000001,128,8\n")
+    mapping = {"hardware": "h100-sxm", "model": "llama-3.1-8b",
+               "workload": {"arrival": "trace", "trace": str(trace)},
+               "speculation": {"method": "ngram", "num_speculative_tokens": 3, "acceptance": {"tokens_per_step": 2.0}}}
+    shared = simulate({**mapping, "scheduler": {"prefill_chunk": 64}})
+    counted = simulate({**mapping, "scheduler": {"prefill_chunk": 64, "budget_includes_decode": True}})
+    for run in ("baseline", "run"):
+        a, b = getattr(shared, run), getattr(counted, run)
+        assert a.ttft_s[0] == b.ttft_s[0]
+        assert b.ttft_s[1] > a.ttft_s[1]
+        assert b.iterations == a.iterations + 1

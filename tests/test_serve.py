@@ -186,6 +186,20 @@ def server_processes() -> list[str]:
     return processes(lambda line: "vllm.entrypoints.openai.api_server" in line or "VLLM::EngineCore" in line)
 
 
+def test_the_warm_up_is_the_first_waves_shape_within_its_token_budget():
+    from profiler.serve.run import WARM_UP_PROMPT_TOKENS, ServeConfig, warm_up_prompts
+
+    prompts = [[7] * 512] * 24
+    for batch, expected in ((1, 1), (4, 4), (16, WARM_UP_PROMPT_TOKENS // 512)):
+        warm, concurrency = warm_up_prompts(ServeConfig(model="m", out="o", batch=batch, limit=24), prompts)
+        assert concurrency == len(warm) == expected and all(len(w) == 512 for w in warm)
+        # Tokens of their own: no timed prompt shares a prefix with them (prefix caching stays cold).
+        assert all(w[:8] != p[:8] for w in warm for p in prompts)
+    long = [[7] * 6000]
+    assert [len(w) for w in warm_up_prompts(ServeConfig(model="m", out="o", batch=2, limit=1), long)[0]] == [6000]     # one prompt at least
+    assert warm_up_prompts(ServeConfig(model="m", out="o", batch=None, rate=2.0, limit=24), prompts)[1] == 2
+
+
 def test_a_server_that_cannot_start_is_one_line_and_leaves_nothing_running(tmp_path, exported, capsys):
     venv = vllm_venv()
     broken = tmp_path / "broken"
@@ -227,7 +241,8 @@ def test_vllm_serves_ngram_speculation_and_the_run_folder_records_it(tmp_path, e
     outputs = [json.loads(line) for line in (out / "outputs.jsonl").read_text().splitlines()]
     assert all(len(o["tokens"]) == 24 for o in outputs)
     log = (out / "server.log").read_text()
-    assert "Application startup complete" in log and f"{ROOT}/" not in log      # paths relative to the repo
+    # Paths relative to the repository; the Python installation's (in vLLM's warnings) written <python>.
+    assert "Application startup complete" in log and f"{ROOT}/" not in log and f"{sys.base_prefix}/" not in log
     assert (out / "server-baseline.log").exists()
     from sim.cli import main as sim_main
 

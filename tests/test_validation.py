@@ -5,6 +5,7 @@ import math
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -414,3 +415,23 @@ def test_a_folder_of_run_folders_expands_to_them_by_name(tmp_path):
     # A run folder, or a folder that holds none, stays as given (reading it then says what is wrong).
     assert expand_run_folders([tmp_path / "runs" / "none-c512-b1"]) == [tmp_path / "runs" / "none-c512-b1"]
     assert expand_run_folders([tmp_path / "runs" / "notes"]) == [tmp_path / "runs" / "notes"]
+
+
+def test_same_work_spread_compares_the_batch_1_servers_of_one_setting():
+    import pandas as pd
+
+    from sim.validate.runs import ServerRun
+    from sim.validate.server import same_work_spread
+
+    def run(name, batch, ttft, context=512):
+        args = {"batch": batch, "rate": None, "context": context, "k": 2}
+        requests = pd.DataFrame({"request": range(len(ttft)), "ttft_s": ttft})
+        return ServerRun(Path(name), {"arguments": args}, {"method": "ngram"}, requests)
+
+    runs = [run("a", 1, [1.0, 1.0]), run("b", 1, [1.1, 1.1]), run("c", 1, [0.9, 1.3]),
+            run("d", 2, [5.0, 5.0]),                          # another load: not the same work
+            run("e", 1, [3.0, 3.0], context=2048)]             # alone in its setting: nothing to compare
+    spread = same_work_spread(runs)
+    # Pairs a-b (2.0 vs 2.2), a-c (2.0 vs 2.2), b-c (2.2 vs 2.2).
+    assert spread["pairs"] == 3 and spread["median"] == pytest.approx(0.1)
+    assert same_work_spread([runs[0], runs[3], runs[4]]) is None

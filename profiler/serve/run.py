@@ -4,9 +4,10 @@ run it, recorded as run folders (sim/formats/run_folder.py).
 A study is every drafter (n-gram at each --k, and with --baseline no speculation) at every setting
 (context x load). Each drafter's server starts once and serves every setting in turn, or with
 --interleave starts afresh for each setting, the drafters of one setting back to back (paired
-measurements where the machine's speed drifts over minutes). A server is started, sent one warm-up
-request, and per setting its speculative counters are read, the client runs (closed loop at --batch
-concurrent requests, or Poisson arrivals at --rate) and the counters are read again. Every drafter
+measurements where the machine's speed drifts over minutes). A server is started and warmed up on
+its first setting's shape (warm_up_prompts), and per setting its speculative counters are read,
+the client runs (closed loop at --batch concurrent requests, or Poisson arrivals at --rate) and
+the counters are read again. Every drafter
 of a setting gets the same prompts; a later setting takes prompts after the earlier ones', so no
 prefix cache holds them. A run folder holds, per request, prompt and output tokens, TTFT, TPOT and
 the inter-step latencies; the counters' difference (drafts, draft tokens, accepted, accepted per
@@ -30,13 +31,17 @@ from pydantic import BaseModel, ConfigDict
 
 from profiler.live.config import DEFAULT_PROMPTS
 from profiler.serve import llama_cpp, vllm
-from profiler.serve.client import RequestRecord, run_closed_loop, run_poisson, stream_completion
+from profiler.serve.client import RequestRecord, run_closed_loop, run_poisson
 from profiler.serve.metrics import SpecCounters, scrape_spec_counters
 from profiler.serve.server import HOST, SERVED_NAME, EngineServerConfig, ServerProcess
 from sim.errors import InputError
 from sim.formats.provenance import REPO_ROOT, git_revision, repo_relative
 
-WARM_UP_TOKENS = 32
+# A server's first forwards of a shape run slower (about a quarter for vLLM's first wave of four
+# 512-token prompts, 2026-12-02), so it first serves the first setting's shape: its first wave's
+# prompt lengths at its concurrency, up to this many prompt tokens, with tokens of their own.
+WARM_UP_PROMPT_TOKENS = 4096
+WARM_UP_NEW_TOKENS = 8
 POISSON_SLOTS = 16           # llama.cpp's slots for a study of Poisson runs only
 
 
@@ -267,9 +272,12 @@ def serve_settings(configs: list[ServeConfig]) -> list[dict]:
 
 
 def repo_relative_text(text: str) -> str:
-    """A server's log with this checkout's absolute path taken out (its warnings name the venv's
-    files), as every path a result records is relative to the repository."""
-    return text.replace(f"{REPO_ROOT}/", "")
+    """A server's log with this machine's absolute paths taken out (its warnings name the venv's
+    files and the Python installation's), as every path a result records is relative to the
+    repository: the checkout's prefix dropped, the installation's written <python>."""
+    import sys
+
+    return text.replace(f"{REPO_ROOT}/", "").replace(f"{sys.base_prefix}/", "<python>/")
 
 
 def place_prompts(configs: list[ServeConfig], tok) -> tuple[list[ServeConfig], list[tuple]]:
@@ -292,6 +300,31 @@ def place_prompts(configs: list[ServeConfig], tok) -> tuple[list[ServeConfig], l
     return placed, prompt_sets
 
 
+def warm_up_prompts(config: ServeConfig, prompts: list[list[int]]) -> tuple[list[list[int]], int]:
+    """The warm-up's prompts and concurrency: the setting's first wave (its concurrency, or two
+    for Poisson arrivals) at its prompts' lengths, within WARM_UP_PROMPT_TOKENS, of seeded random
+    tokens no timed prompt shares a prefix with (prefix caching stays cold for them)."""
+    concurrency = config.batch if config.rate is None else 2
+    lengths, total = [], 0
+    for prompt in prompts[:concurrency]:
+        if lengths and total + len(prompt) > WARM_UP_PROMPT_TOKENS:
+            break
+        lengths.append(len(prompt))
+        total += len(prompt)
+    rng = np.random.default_rng(config.seed + 1)
+    return [rng.integers(1000, 30000, n).tolist() for n in lengths], len(lengths)
+
+
+def warm_up(server_config: EngineServerConfig, config: ServeConfig, prompts: list[list[int]], log: Path) -> None:
+    """The warm-up wave (warm_up_prompts), untimed and uncounted: the counters are read after it."""
+    warm, concurrency = warm_up_prompts(config, prompts)
+    records, _ = run_closed_loop(HOST, server_config.port, warm, concurrency, WARM_UP_NEW_TOKENS, SERVED_NAME,
+                                 server_config.api)
+    failed = [r.error for r in records if r.error]
+    if failed:
+        raise InputError("--model", f"the server's warm-up requests failed ({failed[0]}); log: {log}")
+
+
 def run_server(configs: list[ServeConfig], prompt_sets: list[tuple], log: Path) -> list[tuple]:
     """One server (configs[0]'s drafter) serving every setting in turn: start, warm up, then per
     setting counters, client, counters; stop. Returns per setting (records, wall seconds, counters,
@@ -302,12 +335,7 @@ def run_server(configs: list[ServeConfig], prompt_sets: list[tuple], log: Path) 
     results = []
     log_start = log.stat().st_size if log.exists() else 0
     with ServerProcess(server_config) as server:
-        # A warm-up prompt no setting shares a prefix with (prefix caching stays cold for them).
-        warm = RequestRecord(-1, WARM_UP_TOKENS)
-        stream_completion(HOST, server_config.port, list(range(1000, 1000 + WARM_UP_TOKENS)), 4, warm, 0.0,
-                          SERVED_NAME, api)
-        if warm.error:
-            raise InputError("--model", f"the server's warm-up request failed ({warm.error}); log: {log}")
+        warm_up(server_config, configs[0], prompt_sets[0][0], log)
         for config, (prompts, _) in zip(configs, prompt_sets):
             before = scrape_counters(server.url, prefix, log)
             if config.rate is not None:

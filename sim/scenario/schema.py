@@ -253,6 +253,10 @@ class Scheduler(Strict):
     # Static-shape engines (gpt-fast, profiler live) run every row of a verification forward at the
     # longest row's token count; ragged-batch engines (vLLM, SGLang) run each row's own tokens.
     pad_ragged: bool = False
+    # Whether the decoding requests' tokens (their verification's, with speculation) come out of
+    # prefill_chunk first, prompts taking what is left: vLLM's max_num_batched_tokens and llama.cpp's
+    # batch size count every token of an iteration; false: prompts get prefill_chunk of their own.
+    budget_includes_decode: bool = False
     # continuous: requests join and leave the running batch at any iteration (vLLM, SGLang);
     # static: a batch of up to max_batch (or the closed loop's concurrency) is admitted together,
     # its prompts prefilled in one forward, and decoded until its last request finishes before the

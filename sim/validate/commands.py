@@ -74,9 +74,10 @@ def validate_server(runs, paths: list[Path], run_dirs: list[Path], calibration: 
     validation.csv; with `docs`, the table between the markers named after `out`."""
     import pandas as pd
 
-    from sim.validate.server import compare_server_runs, format_server_comparisons, server_markdown
+    from sim.validate.server import compare_server_runs, format_server_comparisons, same_work_spread, server_markdown
 
     rows = compare_server_runs(runs, calibration, progress=True)
+    spread = same_work_spread(runs)
     if out is not None:
         provenance = {"runs": [repo_relative(p) for p in run_dirs], "calibration": repo_relative(calibration),
                       "git_revision": git_revision(), "versions": versions(),
@@ -93,8 +94,8 @@ def validate_server(runs, paths: list[Path], run_dirs: list[Path], calibration: 
         command = " ".join(["python -m sim validate", *(repo_relative(p) for p in paths),
                             "--calibration", repo_relative(calibration), "--out", repo_relative(out),
                             "--docs", repo_relative(docs)])
-        update_docs(docs, out.name, server_markdown(rows, command))
-    print(format_server_comparisons(rows))
+        update_docs(docs, out.name, server_markdown(rows, command, spread))
+    print(format_server_comparisons(rows, spread))
     if out is not None:
         print(f"\nwrote {out / 'validation.csv'}")
     return 0

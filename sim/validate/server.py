@@ -35,15 +35,18 @@ PREDICTIONS = ("cost model", "own", "fitted")
 METRICS = ("tok_s", "speedup", "ttft_p50_ms", "tpot_p50_ms", "tokens_per_step")
 # vLLM's CPU server defaults (vllm/engine/arg_utils.py: max_num_batched_tokens 2,048 and
 # max_num_seqs 128 for the OpenAI server on a CPU).
-VLLM_CPU_SCHEDULER = {"max_batch": 128, "prefill_chunk": 2048, "pad_ragged": False}
+VLLM_CPU_SCHEDULER = {"max_batch": 128, "prefill_chunk": 2048, "pad_ragged": False, "budget_includes_decode": True}
 # llama-server: its slots decode together, and each llama_decode takes the slots' decode (and draft)
 # tokens and then prompt tokens up to its logical batch, --batch-size 2,048 (tools/server).
 LLAMA_CPP_PREFILL_CHUNK = 2048
-FITTED_REPLICATIONS = 4
+# A speculative run's prediction is the mean over seeds: one draw of a few hundred drafting steps
+# moves tokens per step by several percent on its own.
+REPLICATIONS = 8
 def engine_scheduler(run: ServerRun) -> dict:
     """The scheduler of the run's server."""
     if run.meta["engine"] == "llama.cpp":
-        return {"max_batch": int(run.args["parallel"]), "prefill_chunk": LLAMA_CPP_PREFILL_CHUNK, "pad_ragged": False}
+        return {"max_batch": int(run.args["parallel"]), "prefill_chunk": LLAMA_CPP_PREFILL_CHUNK, "pad_ragged": False,
+                "budget_includes_decode": True}
     return dict(VLLM_CPU_SCHEDULER)
 
 
@@ -186,11 +189,11 @@ def compare_server_runs(runs: list[ServerRun], calibration: Path | None, progres
         if not run.speculative:
             plans = [("cost model", None, 1)]
         else:
-            plans = [("own", server_acceptance([run]), 1)]
+            plans = [("own", server_acceptance([run]), REPLICATIONS)]
             peers = [r for r in runs if r is not run and r.drafter == run.drafter]
             fitted = server_acceptance(peers) if peers else None
             if fitted is not None:
-                plans.append(("fitted", fitted, FITTED_REPLICATIONS))
+                plans.append(("fitted", fitted, REPLICATIONS))
         for prediction, acceptance, replications in plans:
             if run.speculative and acceptance is None:
                 continue              # a run that never drafted has no acceptance to predict with
@@ -223,7 +226,38 @@ def aggregate_server(rows: list[ServerComparison]) -> list[dict]:
     return out
 
 
-def format_server_comparisons(rows: list[ServerComparison]) -> str:
+def same_work_spread(runs: list[ServerRun]) -> dict | None:
+    """How far apart this machine times the same work on two servers of one setting: at batch 1 in a
+    closed loop every drafter's server prefills the same prompts one at a time, so the summed time
+    to first token of two servers should be equal; their ratio is the floor under a measured
+    speedup's error (a speedup too sets two servers against each other). Median and P90 of the
+    slower over the faster, less 1, over the pairs, and the pairs; None without two such runs of
+    one setting."""
+    groups: dict[tuple, list[ServerRun]] = {}
+    for run in runs:
+        if not run.args.get("rate") and int(run.args.get("batch") or 0) == 1:
+            groups.setdefault(run.setting, []).append(run)
+    spreads = []
+    for group in groups.values():
+        prefill_s = {}
+        for run in group:
+            ttft = run.requests.sort_values("request").ttft_s.to_numpy(float)
+            prefill_s.setdefault(len(ttft), []).append(float(ttft.sum()))
+        for totals in prefill_s.values():        # only runs of the same prompts are compared
+            spreads += [max(a, b) / min(a, b) - 1 for i, a in enumerate(totals) for b in totals[i + 1:]]
+    if not spreads:
+        return None
+    return {"median": float(np.median(spreads)), "p90": float(np.percentile(spreads, 90)), "pairs": len(spreads)}
+
+
+def same_work_line(spread: dict | None) -> str:
+    if spread is None:
+        return ""
+    return (f"The same work on two servers of a setting (batch 1: the same prompts' time to first token, summed): "
+            f"{spread['median']:.1%} apart median (P90 {spread['p90']:.1%}; {spread['pairs']} pairs of servers).")
+
+
+def format_server_comparisons(rows: list[ServerComparison], spread: dict | None = None) -> str:
     pct = lambda x: "" if x is None else f"{x:+.1%}"
     num = lambda x, f: "" if x is None else format(x, f)
     lines = [f"{'run':<28} {'load':<9} {'prediction':<10} {'tok/s':>7} {'pred':>7} {'err':>7} {'speedup':>7} "
@@ -239,10 +273,12 @@ def format_server_comparisons(rows: list[ServerComparison]) -> str:
         side = f"   wrong side of 1: {a['wrong_side']} of {a['decisive']}" if "decisive" in a else ""
         lines.append(f"{a['prediction']:<10} {a['metric']:<16} {a['runs']:>4} {a['median']:>7.1%} {a['p90']:>7.1%} "
                      f"{a['worst']:>7.1%}{side}")
+    if spread is not None:
+        lines += ["", same_work_line(spread)]
     return "\n".join(lines)
 
 
-def server_markdown(rows: list[ServerComparison], command: str) -> str:
+def server_markdown(rows: list[ServerComparison], command: str, spread: dict | None = None) -> str:
     """The docs tables: measured speedup with its predictions, a row per (prompt length, load) and a
     column per drafter; then the errors by prediction. Every run's figures are in validation.csv."""
     by_setting: dict[tuple, dict] = {}
@@ -274,4 +310,6 @@ def server_markdown(rows: list[ServerComparison], command: str) -> str:
         speed = mine.get("speedup")
         side = f"{speed['wrong_side']} of {speed['decisive']}" if speed else ""
         lines.append(f"| {prediction} | " + " | ".join(cells) + f" | {side} |")
+    if spread is not None:
+        lines += ["", same_work_line(spread)]
     return "\n".join(lines)

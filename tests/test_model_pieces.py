@@ -329,7 +329,6 @@ def test_a_draft_model_with_a_kv_budget_reads_only_its_window():
         * (per_token_target + kv_bytes_per_token(tiny, 1, 2)) / per_token_target, rel=0.01)
 
 
-
 def test_decoding_tokens_come_out_of_the_prefill_budget_where_the_engine_counts_them(tmp_path):
     # Request 0 (3 tokens) decodes, one token a step or 1 + k verified with speculation, while
     # request 1's 128-token prompt is prefilled in 64-token iterations: 2 chunks when prompts have

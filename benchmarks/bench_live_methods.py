@@ -61,7 +61,7 @@ def main() -> None:
 
     from profiler.engine.gguf_loader import load_gguf, smollm2_path
     from profiler.engine.partial import PartialSpec
-    from profiler.engine.speculative import speculative_generate
+    from profiler.engine.serving import speculative_generate
     from profiler.engine.tokenizer import tokenizer_from_gguf
     from profiler.engine.tree import TreeShape
 

@@ -46,7 +46,20 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--partial-sink", type=int, default=32, help="SpecPV: sink tokens always read")
     parser.add_argument("--partial-window", type=int, default=128, help="SpecPV: recent tokens always read")
     parser.add_argument("--block", type=int, default=16, help="SpecPV: selection block, tokens")
-    parser.add_argument("--batch", type=int, default=1, help="requests per batch")
+    parser.add_argument("--batch", type=int, default=1,
+                        help="requests per static batch; with --serving continuous, the requests served at once")
+    parser.add_argument("--serving", choices=("static", "continuous"), default="static",
+                        help="static batches, or continuous batching: requests arrive, prefill in chunks beside "
+                             "the running decodes and leave the step they finish")
+    parser.add_argument("--concurrency", type=int, default=None,
+                        help="continuous: a closed loop of this many clients (default: --batch)")
+    parser.add_argument("--rate", type=float, default=None, help="continuous: Poisson arrivals, requests per second")
+    parser.add_argument("--arrivals", type=Path, default=None,
+                        help="continuous: a file of arrival times, seconds, one a line (a trace)")
+    parser.add_argument("--prefill-chunk", type=int, default=512, help="continuous: prompt tokens prefilled per iteration")
+    parser.add_argument("--kv-budget", type=int, default=None,
+                        help="continuous: KV tokens admission may reserve, prompt + max new tokens per request "
+                             "(default: --batch requests' worth)")
     parser.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS,
                         help="JSONL with `prompt` or `turns` (first turn used), optional `category`; "
                              "default: the project's own 12 prompts")
@@ -121,7 +134,8 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, help="bundle folder (default calibration/<cpu|gpu name>/<model>)")
     parser.add_argument("--rounds", type=int,
                         help="timing rounds per point, the median kept (default 3, and up to 5 while another fits the "
-                             "time limit; quick 1)")
+                             "time limit; quick 1); with --engine vllm or llama.cpp, passes over the decode points "
+                             "whose gaps are pooled (default 2; quick 1)")
     parser.add_argument("--operators", help="comma-separated subset of operators (default all)")
     parser.add_argument("--refit", type=Path, metavar="BUNDLE",
                         help="keep BUNDLE's operator times and redo only the engine fits (after an engine change)")

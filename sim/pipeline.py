@@ -112,6 +112,7 @@ class PipelineSimulation:
         self.max_batch = min(scenario.scheduler.max_batch, memory.max_running or scenario.scheduler.max_batch)
         self.prefill_chunk = scenario.scheduler.prefill_chunk
         self.budget_includes_decode = scenario.scheduler.budget_includes_decode
+        self.prefill_per_request = scenario.scheduler.prefill_forward == "per_request"
         self.reserve_tokens = memory.partial_cache_tokens
         self.offloaded_layers = memory.offloaded_layers
         self.draft_offloaded_layers = draft_offloaded_layers(scenario, memory)
@@ -227,15 +228,24 @@ class PipelineSimulation:
         seconds = cost.step_overhead(n + len(chunks), shares)
         plan: dict = {}
         prefill = None
-        if chunks:
-            q = [c for _, c in chunks]
-            kv = [e[1] + c for e, c in chunks]
-            logits = sum(1 for e, c in chunks if e[1] + c == e[2])
-            prefill = Group(PREFILL, len(chunks), sum(q), max(q), sum(kv), logits, q, kv)
+        # One prefill group of every chunk (mixed into the decode forward), or a group per chunk
+        # priced as a forward of its own.
+        pieces = [chunks] if not self.prefill_per_request else [[chunk] for chunk in chunks]
+        for piece in (pieces if chunks else []):
+            q = [c for _, c in piece]
+            kv = [e[1] + c for e, c in piece]
+            logits = sum(1 for e, c in piece if e[1] + c == e[2])
+            prefill = Group(PREFILL, len(piece), sum(q), max(q), sum(kv), logits, q, kv)
             if stacks.draft is not None and stacks.draft_owns_kv:
                 # The draft's own KV (EAGLE head, draft model) needs the prompt too.
                 seconds += cost.forward(stacks.draft, [prefill._replace(logits_tokens=0)], shares)
+            if self.prefill_per_request:
+                seconds += cost.forward(stacks.target, [prefill], shares, offloaded_layers=self.offloaded_layers,
+                                        kv_offloaded=self.kv_offloaded)
+                prefill = None
         if n == 0:
+            if prefill is None:
+                return seconds, plan
             return seconds + cost.forward(stacks.target, [prefill], shares, offloaded_layers=self.offloaded_layers,
                                           kv_offloaded=self.kv_offloaded), plan
         ctx = s.ctx[:n]

@@ -64,7 +64,12 @@ def build_requests(scenario: Scenario) -> Requests:
     """Draw the scenario's requests and check that each fits the model's context."""
     workload = scenario.workload
     rng = np.random.default_rng([scenario.seed, 1])  # a stream of its own: acceptance draws don't shift it
-    if workload.arrival == "trace":
+    if workload.arrival == "trace" and workload.arrival_s is not None:
+        arrival = np.asarray(workload.arrival_s, dtype=float)
+        prompt = sample_lengths(workload.prompt_tokens, len(arrival), rng)
+        output = sample_lengths(workload.output_tokens, len(arrival), rng)
+        closed = None
+    elif workload.arrival == "trace":
         arrival, prompt, output = read_trace(workload.trace)
         closed = None
     else:

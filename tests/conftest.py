@@ -58,3 +58,12 @@ def spec_bench_rows() -> list[dict]:
     if not path.exists():
         pytest.skip(f"{path} not present")
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def small_draft(model, layers: int):
+    """A draft model cut from the target: a copy of its first `layers` layers."""
+    import copy
+
+    draft = copy.deepcopy(model)
+    draft.layers = draft.layers[:layers]
+    return draft

@@ -34,3 +34,21 @@ def test_prefill_benchmark_reports_both_paths_and_their_agreement():
     (row,) = report["rows"]
     assert row["prompt_tokens"] == 80 and row["prompt_path_s"] > 0 and row["masked_path_s"] > 0
     assert row["max_abs_logit_difference"] < 1e-3          # the same logits either way
+
+
+def test_serving_benchmark_reports_both_modes_and_methods():
+    import pytest
+
+    pytest.importorskip("torch")
+    pytest.importorskip("gguf")
+    from conftest import SHARED_DATA
+
+    questions = SHARED_DATA / "spec_bench_questions.jsonl"
+    if not questions.exists():
+        pytest.skip(f"{questions} not present")
+    proc = subprocess.run([sys.executable, "benchmarks/bench_serving.py", "--prompts", str(questions), "--requests", "3",
+                           "--batch", "2", "--max-new-tokens", "6", "--repeats", "1"],
+                          cwd=REPO, capture_output=True, text=True, check=True)
+    rows = [line.split() for line in proc.stdout.splitlines()[2:]]
+    assert [(r[0], r[-4]) for r in rows] == [("autoregressive", "static"), ("autoregressive", "continuous"),
+                                            ("ngram", "static"), ("ngram", "continuous")]

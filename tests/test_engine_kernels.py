@@ -10,7 +10,7 @@ from conftest import KERNEL_DEVICE  # noqa: E402
 from profiler.engine.drafters import NgramDrafter, SelfDrafter  # noqa: E402
 from profiler.engine.model import Llama, LlamaConfig  # noqa: E402
 from profiler.engine.partial import PartialSpec  # noqa: E402
-from profiler.engine.speculative import speculative_generate  # noqa: E402
+from profiler.engine.serving import speculative_generate  # noqa: E402
 from profiler.engine.tree import TreeShape  # noqa: E402
 
 if KERNEL_DEVICE == "cpu" and not kernels.INTERPRET:

@@ -63,6 +63,11 @@ def test_live_run_writes_steps_requests_summary_outputs_and_meta(tmp_path):
     (["--tree", "2"], "argument --tree: expects W,D with positive integers (got '2')"),
     (["--method", "none", "--tree", "2,2"], "--tree: needs a drafter"),
     (["--method", "draft_model", "--draft-model", "nowhere.gguf"], "--draft-model: no such model file: nowhere.gguf"),
+    (["--rate", "2"], "--rate: needs --serving continuous"),
+    (["--serving", "continuous", "--rate", "0"], "--rate: must be > 0 requests per second (got 0.0)"),
+    (["--serving", "continuous", "--rate", "1", "--concurrency", "2"], "--rate: give one of --concurrency, --rate"),
+    (["--serving", "continuous", "--arrivals", "nowhere.txt"], "--arrivals: nowhere.txt is not a file"),
+    (["--serving", "continuous", "--prefill-chunk", "0"], "--prefill-chunk: must be >= 1 (got 0)"),
 ])
 def test_bad_live_arguments_are_one_line_and_write_nothing(tmp_path, args, message):
     prompts = tmp_path / "p.jsonl"
@@ -72,6 +77,35 @@ def test_bad_live_arguments_are_one_line_and_write_nothing(tmp_path, args, messa
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["p.jsonl"]
+
+
+def test_continuous_serving_records_arrivals_queueing_and_inter_token_gaps(tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Count from 1 to 20: 1, 2, 3, 4, {i}", "category": "count"}) + "\n"
+                               for i in (5, 5, 5)))
+    times = tmp_path / "arrivals.txt"
+    times.write_text("# seconds\n0\n0\n0.05\n")
+    bad = tmp_path / "bad.txt"
+    bad.write_text("0\nsoon\n1\n")
+    proc = live("--serving", "continuous", "--arrivals", bad, "--prompts", prompts, "--out", tmp_path / "never")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "every line must be a number" in proc.stderr
+    out = tmp_path / "run"
+    proc = live("--serving", "continuous", "--arrivals", times, "--batch", 2, "--prefill-chunk", 8, "--method", "ngram",
+                "--k", 3, "--prompts", prompts, "--max-new-tokens", 10, "--check-lossless", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["serving"] == "continuous" and summary["lossless_mismatches"] == []
+    requests = pd.read_parquet(out / "requests.parquet")
+    assert list(requests["arrival_s"]) == [0.0, 0.0, 0.05] and (requests["queue_s"] >= 0).all()
+    assert (requests["itl_p50_s"] > 0).all() and (requests["finish_s"] > requests["ttft_s"]).all()
+    assert json.loads((out / "meta.json").read_text())["arguments"]["arrivals"].endswith("arrivals.txt")
+    # The simulator serves it the same way: the requests at their arrival times, 2 rows, 8-token chunks.
+    proc = subprocess.run([sys.executable, "-m", "sim", "validate", str(out), "--calibration",
+                           "calibration/cpu/smollm2-135m", "--out", str(tmp_path / "v")], cwd=REPO,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    rows = pd.read_csv(tmp_path / "v" / "validation.csv", comment="#")
+    assert set(rows.prediction) >= {"replay"} and rows.predicted_tok_s.gt(0).all()
 
 
 def test_empty_prompt_file_and_existing_out_are_refused(tmp_path):

@@ -345,3 +345,23 @@ def test_decoding_tokens_come_out_of_the_prefill_budget_where_the_engine_counts_
         assert a.ttft_s[0] == b.ttft_s[0]
         assert b.ttft_s[1] > a.ttft_s[1]
         assert b.iterations == a.iterations + 1
+
+
+def test_arrival_times_inline_and_prompt_chunks_as_forwards_of_their_own(tmp_path):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,64,3\n0.5,128,8\n")
+    base = {"hardware": "h100-sxm", "model": "llama-3.1-8b"}
+    from_file = simulate({**base, "workload": {"arrival": "trace", "trace": str(trace)}})
+    inline = simulate({**base, "workload": {"arrival": "trace", "arrival_s": [0, 0.5], "prompt_tokens": [64, 128],
+                                            "output_tokens": [3, 8]}})
+    np.testing.assert_array_equal(inline.run.ttft_s, from_file.run.ttft_s)
+    # Two prompts prefilled in one iteration: one target forward (mixed), or one each (the live
+    # engine's continuous batching): the weights are read twice, the first token comes later.
+    together = {**base, "workload": {"arrival": "trace", "arrival_s": [0, 0], "prompt_tokens": [64, 128],
+                                     "output_tokens": [3, 8]}}
+    mixed = simulate(together)
+    separate = simulate({**together, "scheduler": {"prefill_forward": "per_request"}})
+    assert separate.run.iterations == mixed.run.iterations
+    assert separate.run.ttft_s[0] > 1.5 * mixed.run.ttft_s[0]
+    with pytest.raises(Exception, match="arrival_s goes with arrival: trace"):
+        simulate({**base, "workload": {"arrival_s": [0, 1]}})

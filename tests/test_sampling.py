@@ -10,7 +10,8 @@ from scipy import stats  # noqa: E402
 from profiler.engine.model import Llama, LlamaConfig  # noqa: E402
 from profiler.engine.sampling import probs_from_logits  # noqa: E402
 from profiler.engine.drafters import NgramDrafter, SelfDrafter  # noqa: E402
-from profiler.engine.speculative import Sampler, speculative_generate  # noqa: E402
+from profiler.engine.serving import speculative_generate  # noqa: E402
+from profiler.engine.speculative import Sampler  # noqa: E402
 from profiler.engine.tree import TreeShape  # noqa: E402
 
 VOCAB = 6

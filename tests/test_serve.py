@@ -144,7 +144,7 @@ def test_a_study_is_every_drafter_at_every_setting_and_llama_cpp_has_a_slot_per_
     assert len(single) == 1 and single[0].out == tmp_path / "s" and single[0].parallel == 2
 
 def test_calibration_steps_are_the_gaps_while_all_requests_decode_and_lie_on_the_query_axis(exported):
-    from profiler.serve.calibrate import StepPoint, all_decoding_gaps, decode_prompts, on_query_axis
+    from profiler.serve.calibrate import StepPoint, all_decoding_gaps, decode_prompts, on_query_axis, pooled
     from profiler.serve.client import RequestRecord
 
     # Request 1 starts late and request 0 ends early: only gaps inside [0.3, 0.7] count.
@@ -154,6 +154,9 @@ def test_calibration_steps_are_the_gaps_while_all_requests_decode_and_lie_on_the
     points = [StepPoint(1, 128, 0, 0.010, 1.0, 9), StepPoint(1, 128, 2, 0.013, 2.5, 9),
               StepPoint(1, 128, 4, 0.017, 4.5, 9)]
     assert on_query_axis(points, [1, 3, 5]) == pytest.approx([0.010, 0.014, 0.018])
+    # A point's rounds pooled: the mean over all their gaps, not the faster round's.
+    both = pooled([StepPoint(4, 512, 2, 0.030, 3.0, 30), StepPoint(4, 512, 2, 0.040, 2.8, 10)])
+    assert (both.step_s, both.query, both.gaps) == pytest.approx((0.0325, 2.95, 40))
     # Decode prompts: a phrase of its own repeated per request (every n-gram lookup matches).
     from profiler.engine.loaders import _hf_tokenizer
 

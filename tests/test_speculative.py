@@ -9,7 +9,7 @@ pytest.importorskip("gguf")
 from profiler.engine.shadow import QuantLinear  # noqa: E402
 from profiler.engine.drafters import NgramDrafter, SelfDrafter, ShadowDrafter  # noqa: E402
 from conftest import spec_bench_rows  # noqa: E402
-from profiler.engine.speculative import speculative_generate  # noqa: E402
+from profiler.engine.serving import speculative_generate  # noqa: E402
 
 NEW_TOKENS = 16
 

@@ -9,8 +9,8 @@ pytest.importorskip("gguf")
 
 from profiler.engine.drafters import DraftModelDrafter, NgramDrafter, SelfDrafter, ShadowDrafter  # noqa: E402
 from profiler.engine.partial import PartialSpec  # noqa: E402
-from conftest import spec_bench_rows  # noqa: E402
-from profiler.engine.speculative import speculative_generate  # noqa: E402
+from conftest import small_draft, spec_bench_rows  # noqa: E402
+from profiler.engine.serving import speculative_generate  # noqa: E402
 from profiler.engine.tree import TreeShape  # noqa: E402
 
 NEW_TOKENS = 16
@@ -27,12 +27,6 @@ def setup(smollm2):
     assert len(prompts) == 20
     ar = speculative_generate(model, prompts, NEW_TOKENS, None, eos_id=tok.eos_id)
     return model, tok, prompts, ar
-
-
-def small_draft(model, layers):
-    draft = copy.deepcopy(model)
-    draft.layers = draft.layers[:layers]
-    return draft
 
 
 CASES = {

@@ -79,7 +79,7 @@ class EngineProbe:
         in partial-verification forwards."""
         import torch
 
-        from profiler.engine.speculative import speculative_generate
+        from profiler.engine.serving import speculative_generate
         from profiler.calibrate.timing import timed_forwards
 
         seconds = self.time_forwards([*self.forward_s, *self.check_s])

@@ -52,6 +52,18 @@ class Drafter:
     def move_kv(self, rows: Tensor, source: Tensor, target: Tensor) -> None:
         """The accepted path's nodes moved from tree slots to positions (own caches only)."""
 
+    # Serving (profiler.engine.serving): requests come and go in the rows of one cache.
+    def prepare_rows(self, model: Llama, rows: int, max_seq: int) -> None:
+        """The target's cache of `rows` rows exists; requests will take and leave its rows."""
+        self.prepare(model, [], max_seq)
+
+    def prefill(self, chunks: list[list[int]], start: int, first_row: int) -> None:
+        """The target just prefilled these prompt tokens, at positions start.. of rows first_row..
+        (own caches only)."""
+
+    def swap_rows(self, a: int, b: int, length: int) -> None:
+        """The target exchanged cache rows a and b (own caches only)."""
+
 
 class NgramDrafter(Drafter):
     """Prompt lookup over prompt + output: the tokens after the latest earlier occurrence of the
@@ -198,3 +210,18 @@ class DraftModelDrafter(ModelDrafter):
 
     def move_kv(self, rows, source, target):
         self.draft.move_kv(rows, source, target)
+
+    def prepare_rows(self, model, rows, max_seq):
+        self.draft.setup_cache(rows, max_seq)
+
+    def prefill(self, chunks, start, first_row):
+        from profiler.engine.generate import prefill_chunk_logits, prefill_logits
+
+        if start == 0:
+            prefill_logits(self.draft, chunks, first_row)
+        else:
+            for i, chunk in enumerate(chunks):
+                prefill_chunk_logits(self.draft, chunk, start, first_row + i)
+
+    def swap_rows(self, a, b, length):
+        self.draft.swap_rows(a, b, length)

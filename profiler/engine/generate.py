@@ -11,8 +11,9 @@ from torch import Tensor
 from profiler.engine.model import Llama
 
 
-def prefill_logits(model: Llama, prompts: list[list[int]]) -> Tensor:
-    """Run the prompts (one per cache row) and return each one's next-token logits: [B, V] fp32."""
+def prefill_logits(model: Llama, prompts: list[list[int]], first_row: int = 0) -> Tensor:
+    """Run the prompts (one per cache row, from `first_row`) and return each one's next-token
+    logits: [B, V] fp32."""
     B = len(prompts)
     lengths = torch.tensor([len(p) for p in prompts])
     T = int(lengths.max())
@@ -27,7 +28,20 @@ def prefill_logits(model: Llama, prompts: list[list[int]]) -> Tensor:
     # Attention is causal over the first T slots (a prompt forward): padding tokens write to the
     # trash slot past them, so a real query never sees a padding key.
     device = model.lm_head.weight.device
-    return model(tokens.to(device), positions.to(device), logits_at=(lengths - 1).to(device), prompt=True)[:, -1]
+    return model(tokens.to(device), positions.to(device), logits_at=(lengths - 1).to(device), prompt=True,
+                 first_row=first_row)[:, -1]
+
+
+def prefill_chunk_logits(model: Llama, chunk: list[int], start: int, row: int) -> Tensor:
+    """Run one request's prompt tokens at positions start.. in cache row `row` (its earlier
+    tokens already there) and return the logits after the last: [V] fp32. A chunked prefill
+    computes what one prompt forward does, in pieces."""
+    if start == 0:
+        return prefill_logits(model, [chunk], row)[0]
+    device = model.lm_head.weight.device
+    positions = torch.arange(start, start + len(chunk), device=device)[None]
+    tokens = torch.tensor([chunk], device=device)
+    return model(tokens, positions, logits_at=torch.tensor([len(chunk) - 1], device=device), first_row=row)[0, -1]
 
 
 def prefill(model: Llama, prompts: list[list[int]]) -> Tensor:

@@ -77,21 +77,24 @@ class Attention(nn.Module):
         self.block_min: Tensor | None = None
 
     def forward(self, x: Tensor, cache_index: Tensor, rotation: Tensor, mask: Tensor,
-                partial: PartialStep | None = None, kernel: KernelLayout | None = None) -> Tensor:
+                partial: PartialStep | None = None, kernel: KernelLayout | None = None, first_row: int = 0) -> Tensor:
         # x: [B, T, hidden]; cache_index: [B, H_kv, T, D] cache slots of the new tokens;
-        # rotation: [B, T, 1, D/2]; mask: [B, 1, T, S] bool over cache slots, True = may attend
+        # rotation: [B, T, 1, D/2]; mask: [B, 1, T, S] bool over cache slots, True = may attend;
+        # first_row: the cache row of x's first row (a served request's prefill chunk in its own row)
         B, T, _ = x.shape
         qkv = self.wqkv(x).view(B, T, self.heads + 2 * self.kv_heads, self.head_dim)
         qk = apply_rope(qkv[:, :, :self.heads + self.kv_heads], rotation).transpose(1, 2)
         q, k = qk.split([self.heads, self.kv_heads], dim=1)
         v = qkv[:, :, self.heads + self.kv_heads:].transpose(1, 2)
-        # Write the new K/V at each request's own slots.
-        self.k_cache.scatter_(2, cache_index, k)
-        self.v_cache.scatter_(2, cache_index, v)
+        # Write the new K/V at each request's own slots (a slice of rows is a view of the cache).
+        self.k_cache[first_row:first_row + B].scatter_(2, cache_index, k)
+        self.v_cache[first_row:first_row + B].scatter_(2, cache_index, v)
+        if first_row and (kernel is not None or partial is not None):
+            raise ValueError("a forward from another cache row than the first takes no kernel layout or partial step")
         if kernel is not None:
             out = self.attend_kernel(q, kernel, partial)
         elif partial is None:
-            out = self.attend_full(q, mask)
+            out = self.attend_full(q, mask, first_row=first_row)
         else:
             # SpecPV: the partial rows read sink + selected blocks + recent tokens; the others all.
             out = torch.empty_like(q)
@@ -135,12 +138,13 @@ class Attention(nn.Module):
         return kernels.attention(q, *caches, kernel.kv_lens, tree_mask=kernel.tree_mask, kv_index=index,
                                  kv_index_lens=lens)
 
-    def attend_full(self, q: Tensor, mask: Tensor | None, rows: Tensor | None = None) -> Tensor:
+    def attend_full(self, q: Tensor, mask: Tensor | None, rows: Tensor | None = None, first_row: int = 0) -> Tensor:
         """Attention over every slot the mask allows; `rows`: the cache rows of q's rows (default
-        the first ones). mask None: q [B, H, T, D] are prompts from slot 0, causal over T slots."""
+        the B rows from `first_row`). mask None: q [B, H, T, D] are prompts from slot 0, causal
+        over T slots."""
         B, T = q.shape[0], q.shape[2]
         S = T if mask is None else mask.shape[-1]
-        keys, values = self.k_cache[:B, :, :S], self.v_cache[:B, :, :S]
+        keys, values = (cache[first_row:first_row + B, :, :S] for cache in (self.k_cache, self.v_cache))
         if rows is not None:
             keys, values = self.k_cache[:, :, :S][rows], self.v_cache[:, :, :S][rows]
         if T <= SMALL_QUERY:
@@ -206,8 +210,8 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(config.hidden, config.norm_eps)
         self.feed_forward = FeedForward(config)
 
-    def forward(self, x, cache_index, rotation, mask, partial=None, kernel=None):
-        x = x + self.attention(self.attention_norm(x), cache_index, rotation, mask, partial, kernel)
+    def forward(self, x, cache_index, rotation, mask, partial=None, kernel=None, first_row=0):
+        x = x + self.attention(self.attention_norm(x), cache_index, rotation, mask, partial, kernel, first_row)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -239,7 +243,8 @@ class Llama(nn.Module):
 
     def forward(self, tokens: Tensor, positions: Tensor, mask: Tensor | None = None, slots: Tensor | None = None,
                 logits_from: int = 0, logits_at: Tensor | None = None, exit_layer: int | None = None,
-                partial: PartialStep | None = None, kernel: KernelLayout | None = None, prompt: bool = False) -> Tensor:
+                partial: PartialStep | None = None, kernel: KernelLayout | None = None, prompt: bool = False,
+                first_row: int = 0) -> Tensor:
         """tokens, positions: [B, T]; returns logits [B, T - logits_from, vocab] in fp32.
 
         slots: [B, T] cache slots the new K/V go to (default: the positions; a tree's nodes share
@@ -255,13 +260,15 @@ class Llama(nn.Module):
         at the end, the padding's K/V sent past the first T slots): attention is causal over the
         first T slots, with no mask (SDPA's causal kernel). A padding query sees slots that are not
         its own; its output reaches only its own K/V, which no real query reads.
+        first_row: the rows are cache rows first_row.. (default 0..B-1): a served request prefills
+        its prompt in its own row while the rows below it decode.
         """
         if prompt and (mask is not None or kernel is not None or partial is not None):
             raise ValueError("a prompt forward takes no mask, kernel layout or partial step")
         x, cache_index, rotation, mask = self.embed_inputs(tokens, positions, mask, slots, causal=not prompt)
         B = tokens.shape[0]
         for layer in self.layers[:exit_layer]:
-            x = layer(x, cache_index, rotation, mask, partial, kernel)
+            x = layer(x, cache_index, rotation, mask, partial, kernel, first_row)
         if logits_at is not None:
             at = logits_at if logits_at.dim() == 2 else logits_at[:, None]
             x = x[torch.arange(B, device=x.device)[:, None], at]
@@ -290,6 +297,20 @@ class Llama(nn.Module):
         for layer in self.layers:
             for cache in (layer.attention.k_cache, layer.attention.v_cache):
                 cache[rows, :, target] = cache[rows, :, source]
+
+    def swap_rows(self, a: int, b: int, length: int) -> None:
+        """Exchange cache rows a and b's first `length` slots (and SpecPV block summaries) in every
+        layer, in place: a served request moves into the decoding rows 0..n-1 when its prefill
+        ends, and the last decoding row fills the place of a request that leaves."""
+        if a == b:
+            return
+        for layer in self.layers:
+            att = layer.attention
+            caches = [att.k_cache[:, :, :length], att.v_cache[:, :, :length]]
+            if att.block_max is not None:
+                caches += [att.block_max, att.block_min]
+            for cache in caches:
+                cache[[a, b]] = cache[[b, a]]
 
     def keep_rows(self, rows: Tensor) -> None:
         """Drop finished requests from the batch: keep cache rows `rows` [M], in that order."""

@@ -10,7 +10,8 @@ the root, whose KV is not written yet):
      nodes' KV to consecutive positions, and advances.
 Rejected drafts need no rollback: their KV sits past the request's position, where no query looks
 until a later step overwrites it. Greedy verification is lossless: the output is the target's
-greedy output token for token. Requests leave the batch (their cache rows are dropped) when done.
+greedy output token for token. How requests arrive, prefill, join and leave the batch is the
+serving loop's (profiler.engine.serving: static batches or continuous batching).
 
 SpecPV (`partial`): once a request's context exceeds sink + budget + window, it verifies against
 a partial KV cache (profiler.engine.partial) and every `period` tokens (or steps) runs a full
@@ -66,6 +67,7 @@ class StepRecord:
     selection_s: float = 0.0
     refed: int = 0                 # SpecPV full verification: tokens re-fed through full attention
     rolled_back: int = 0           # SpecPV rectify: committed tokens discarded at this step
+    end_s: float = 0.0             # when the step's tokens were committed, since the run's start
 
 
 @dataclass
@@ -97,115 +99,89 @@ class RequestState:
         return self.history[self.prompt_tokens:]
 
 
-@torch.inference_mode()
-def speculative_generate(model: Llama, prompts: list[list[int]], max_new_tokens: int, drafter: Drafter | None,
-                         k: int = 4, eos_id: int | None = None, sampler: Sampler | None = None,
-                         tree: TreeShape | None = None, partial: PartialSpec | None = None,
-                         use_kernels: bool | None = None) -> Generation:
-    """Generation of every prompt, greedy (or sampled with `sampler`); speculative when `drafter`
-    is given, drafting a chain of k or `tree`; SpecPV partial verification with `partial`.
-    use_kernels: verification attention by kernels.attention (default: on CUDA; on the CPU it
-    needs TRITON_INTERPRET=1 and runs the Triton code interpreted, for tests)."""
-    from profiler.engine.generate import prefill_logits
+def refeed_room(partial: PartialSpec | None, nodes_per_step: int) -> int:
+    """Cache slots a row needs past its tokens for the padding of a step whose rows re-feed
+    different numbers of tokens (SpecPV: up to a period's worth, placed after each row's own)."""
+    if partial is None:
+        return 0
+    return partial.period * (nodes_per_step + 1) if partial.period_unit == "steps" else partial.period + nodes_per_step + 1
 
-    if partial is not None and partial.rectify and sampler is not None:
-        raise ValueError("rectify re-checks greedy choices; it takes no temperature")
-    shape = (tree or TreeShape(1, k)) if drafter is not None else None
+
+def run_step(model: Llama, alive: list[RequestState], drafter: Drafter | None, shape: TreeShape | None,
+             sampler: Sampler | None, partial: PartialSpec | None, max_new_tokens: int, eos_id: int | None, step: int,
+             use_kernels: bool, start: float) -> list[StepRecord]:
+    """One engine step of the requests decoding in cache rows 0..len(alive) - 1: draft, verify in
+    one target forward, commit each request's accepted tokens (its history grows), move the
+    accepted tree nodes' KV, refresh SpecPV summaries. Returns a record per request; `start`: the
+    clock the records' end_s counts from."""
     device = model.lm_head.weight.device
-    use_kernels = device.type == "cuda" if use_kernels is None else use_kernels
-    # Phase times are wall times: on a GPU each phase is synchronized before its clock is read.
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     nodes_per_step = shape.nodes if shape is not None else 0
-    B = len(prompts)
-    # Room for the longest request, its tree, and the padding of a step whose rows re-feed
-    # different numbers of tokens (SpecPV: up to a period's worth, placed after each row's own).
-    refeed = 0
-    if partial is not None:
-        refeed = partial.period * (nodes_per_step + 1) if partial.period_unit == "steps" else partial.period + nodes_per_step + 1
-    max_seq = max(len(p) for p in prompts) + max_new_tokens + 2 * (nodes_per_step + 1) + refeed + 2
-    model.setup_cache(B, max_seq)
-    start = time.perf_counter()
-    if drafter is not None:
-        drafter.prepare(model, prompts, max_seq)
-    first_logits = prefill_logits(model, prompts)
-    first = (first_logits.argmax(-1) if sampler is None else sampler.draw(first_logits)[0]).tolist()
-    now = time.perf_counter()
-    gen = Generation(outputs=[], prefill_s=now - start, first_token_s=[now - start] * B, finish_s=[0.0] * B)
-    alive = [RequestState(b, list(p) + [int(t)], len(p)) for b, (p, t) in enumerate(zip(prompts, first))]
-    finals: dict[int, list[int]] = {}
-    step = 0
-    alive = _drop_finished(model, drafter, alive, finals, gen, start, max_new_tokens, eos_id, partial)
-    while alive:
-        step += 1
-        t0 = time.perf_counter()
-        positions = torch.tensor([r.position for r in alive], device=device)
-        last = torch.tensor([r.history[-1] for r in alive], device=device)
-        modes = [_mode(r, drafter, partial) for r in alive]
-        nodes, node_probs = (drafter.propose(DraftInput(model, [r.history for r in alive], last, positions, shape),
-                                             sampler) if drafter is not None else (None, None))
-        if nodes is not None:
-            nodes = nodes.to(device)
-        sync()
-        t1 = time.perf_counter()
-        layout = _lay_out_step(alive, modes, None if nodes is None else nodes.cpu(), shape, partial, device,
-                               use_kernels)
-        logits = model(layout.tokens, layout.positions, mask=layout.mask, slots=layout.slots,
-                       logits_at=layout.logits_at, partial=layout.partial, kernel=layout.kernel)   # [M, L, V]
-        sync()
-        t2 = time.perf_counter()
-        selection_s = layout.partial.selection_s if layout.partial is not None else 0.0
-        moves, refreshed = [], []
-        at = (torch.tensor(layout.verify_from)[:, None] + torch.arange(1 + nodes_per_step)).to(device)
-        verify_logits = logits.gather(1, at[..., None].expand(-1, -1, logits.shape[-1]))          # [M, 1 + N, V]
-        chains = _verify_chains(verify_logits, nodes, sampler, node_probs) if shape is None or shape.width == 1 else None
-        node_lists = nodes.tolist() if nodes is not None else None
-        for b, r in enumerate(alive):
-            rolled_back = _rectify(r, logits[b]) if modes[b] == "full" and partial.rectify else 0
-            if rolled_back:
-                new, path, flags = [], [], [False] * nodes_per_step
-                r.final_check = False
+    t0 = time.perf_counter()
+    positions = torch.tensor([r.position for r in alive], device=device)
+    last = torch.tensor([r.history[-1] for r in alive], device=device)
+    modes = [_mode(r, drafter, partial) for r in alive]
+    nodes, node_probs = (drafter.propose(DraftInput(model, [r.history for r in alive], last, positions, shape),
+                                         sampler) if drafter is not None else (None, None))
+    if nodes is not None:
+        nodes = nodes.to(device)
+    sync()
+    t1 = time.perf_counter()
+    layout = _lay_out_step(alive, modes, None if nodes is None else nodes.cpu(), shape, partial, device,
+                           use_kernels)
+    logits = model(layout.tokens, layout.positions, mask=layout.mask, slots=layout.slots,
+                   logits_at=layout.logits_at, partial=layout.partial, kernel=layout.kernel)   # [M, L, V]
+    sync()
+    t2 = time.perf_counter()
+    selection_s = layout.partial.selection_s if layout.partial is not None else 0.0
+    moves, refreshed, records = [], [], []
+    at = (torch.tensor(layout.verify_from)[:, None] + torch.arange(1 + nodes_per_step)).to(device)
+    verify_logits = logits.gather(1, at[..., None].expand(-1, -1, logits.shape[-1]))          # [M, 1 + N, V]
+    chains = _verify_chains(verify_logits, nodes, sampler, node_probs) if shape is None or shape.width == 1 else None
+    node_lists = nodes.tolist() if nodes is not None else None
+    for b, r in enumerate(alive):
+        rolled_back = _rectify(r, logits[b]) if modes[b] == "full" and partial.rectify else 0
+        if rolled_back:
+            new, path, flags = [], [], [False] * nodes_per_step
+            r.final_check = False
+        else:
+            if chains is not None:
+                path, flags, following = chains[b]
             else:
-                if chains is not None:
-                    path, flags, following = chains[b]
-                else:
-                    path, flags, following = _verify_tree(verify_logits[b], node_lists[b], shape, sampler,
-                                                          None if node_probs is None else node_probs[b])
-                new = [] if r.final_check else [node_lists[b][n] for n in path] + [following]
-                new = _truncate(new, r.output, max_new_tokens, eos_id)
-                root = r.position
-                moves += [(b, root + 1 + n, root + 1 + i) for i, n in enumerate(path[:len(new)]) if n != i]
-                r.history.extend(new)
-            if modes[b] == "full":
-                refreshed.append(b)
-            elif modes[b] == "partial":
-                r.steps_since += 1
-            gen.steps.append(StepRecord(step, r.request, modes[b], layout.query_tokens[b], layout.kv_tokens[b],
-                                        nodes_per_step, len(path), 1 - rolled_back if rolled_back else len(new),
-                                        flags, t1 - t0,
-                                        t2 - t1 - selection_s, 0.0, refed=layout.refed[b], rolled_back=rolled_back))
-        if moves:
-            rows, source, target = (torch.tensor(column, device=device) for column in zip(*moves))
-            model.move_kv(rows, source, target)
-            drafter.move_kv(rows, source, target)
-        sync()
-        t3 = time.perf_counter()
-        if refreshed:
-            for b in refreshed:
-                alive[b].refresh, alive[b].steps_since = alive[b].position, 0
-            rows = torch.tensor(refreshed, device=device)
-            model.refresh_summaries(rows, torch.tensor([alive[b].position for b in refreshed], device=device),
-                                    partial.block)
-        sync()
-        t4 = time.perf_counter()
-        alive = _drop_finished(model, drafter, alive, finals, gen, start, max_new_tokens, eos_id, partial)
-        sync()
-        t5 = time.perf_counter()
-        for record in gen.steps[-len(modes):]:
-            record.selection_s = selection_s + (t4 - t3)
-            record.other_s = (t3 - t2) + (t5 - t4)
-    gen.outputs = [finals[b] for b in range(B)]
-    gen.wall_s = time.perf_counter() - start
-    return gen
+                path, flags, following = _verify_tree(verify_logits[b], node_lists[b], shape, sampler,
+                                                      None if node_probs is None else node_probs[b])
+            new = [] if r.final_check else [node_lists[b][n] for n in path] + [following]
+            new = _truncate(new, r.output, max_new_tokens, eos_id)
+            root = r.position
+            moves += [(b, root + 1 + n, root + 1 + i) for i, n in enumerate(path[:len(new)]) if n != i]
+            r.history.extend(new)
+        if modes[b] == "full":
+            refreshed.append(b)
+        elif modes[b] == "partial":
+            r.steps_since += 1
+        records.append(StepRecord(step, r.request, modes[b], layout.query_tokens[b], layout.kv_tokens[b],
+                                  nodes_per_step, len(path), 1 - rolled_back if rolled_back else len(new),
+                                  flags, t1 - t0, t2 - t1 - selection_s, 0.0, refed=layout.refed[b],
+                                  rolled_back=rolled_back))
+    if moves:
+        rows, source, target = (torch.tensor(column, device=device) for column in zip(*moves))
+        model.move_kv(rows, source, target)
+        drafter.move_kv(rows, source, target)
+    sync()
+    t3 = time.perf_counter()
+    if refreshed:
+        for b in refreshed:
+            alive[b].refresh, alive[b].steps_since = alive[b].position, 0
+        rows = torch.tensor(refreshed, device=device)
+        model.refresh_summaries(rows, torch.tensor([alive[b].position for b in refreshed], device=device),
+                                partial.block)
+    sync()
+    t4 = time.perf_counter()
+    for record in records:
+        record.selection_s = selection_s + (t4 - t3)
+        record.other_s = t3 - t2
+        record.end_s = t4 - start
+    return records
 
 
 def _mode(r: RequestState, drafter: Drafter | None, partial: PartialSpec | None) -> str:
@@ -346,30 +322,6 @@ def _rectify(r: RequestState, logits: Tensor) -> int:
     del r.history[keep:]
     r.history.append(choice[bad])
     return discarded
-
-
-def _drop_finished(model, drafter, alive, finals, gen, start, max_new_tokens, eos_id, partial):
-    """Requests whose output is complete leave the batch; with rectify, only once their tokens
-    since the last refresh were checked by a full verification."""
-    keep = []
-    for b, r in enumerate(alive):
-        if not _finished(r.output, max_new_tokens, eos_id):
-            keep.append(b)
-            continue
-        unchecked = partial is not None and partial.rectify and r.refresh is not None and r.position > r.refresh
-        if unchecked:             # one more step: a full verification checks them
-            r.final_check = True
-            keep.append(b)
-            continue
-        finals[r.request] = r.output
-        gen.finish_s[r.request] = time.perf_counter() - start
-    if len(keep) < len(alive):
-        rows = torch.tensor(keep, dtype=torch.long, device=model.lm_head.weight.device)
-        model.keep_rows(rows)
-        if drafter is not None:
-            drafter.keep_rows(model, rows)
-    return [alive[b] for b in keep]
-
 
 
 def _finished(output: list[int], max_new_tokens: int, eos_id: int | None) -> bool:

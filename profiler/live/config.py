@@ -37,7 +37,13 @@ class LiveConfig(BaseModel):
     partial_sink: int = 32               # SpecPV: sink tokens always read
     partial_window: int = 128            # SpecPV: recent tokens always read
     block: int = 16                      # SpecPV: selection block, tokens
-    batch: int = 1                       # requests per static batch
+    batch: int = 1                       # requests per static batch; continuous: cache rows (requests at once)
+    serving: Literal["static", "continuous"] = "static"   # static batches, or continuous batching with arrivals
+    concurrency: int | None = None       # continuous: closed-loop clients (default: batch)
+    rate: float | None = None            # continuous: Poisson arrivals per second instead of a closed loop
+    arrivals: Path | None = None         # continuous: a file of arrival times in seconds, one a line, instead
+    prefill_chunk: int = 512             # continuous: prompt tokens prefilled per iteration
+    kv_budget: int | None = None         # continuous: KV tokens admission reserves (prompt + max_new_tokens each)
     prompts: Path = DEFAULT_PROMPTS      # JSONL with `prompt` or `turns`, optional `category`
     limit: int | None = None             # the first N prompts
     context: int | None = None           # long-context mode: prompts of this many tokens cut from `text`
@@ -58,7 +64,7 @@ class LiveConfig(BaseModel):
         """The settings as meta.json records them (`arguments`): paths relative to the repository;
         no prompts file in long-context mode, which cuts its prompts from `text`."""
         values = self.model_dump(mode="json")
-        for name in ("tokenizer", "prompts", "text", "out"):
+        for name in ("tokenizer", "prompts", "text", "arrivals", "out"):
             values[name] = repo_relative(getattr(self, name))
         if self.context is not None:
             values["prompts"] = None
@@ -68,9 +74,18 @@ class LiveConfig(BaseModel):
 def check_config(settings: LiveConfig) -> None:
     """Every rule a run's settings must meet before anything loads, as one-line errors naming the flag."""
     for name in ("k", "batch", "max_new_tokens", "exit_layer", "sink", "window", "group_size", "period",
-                 "partial_sink", "partial_window", "block"):
-        if getattr(settings, name) < 1:
+                 "partial_sink", "partial_window", "block", "prefill_chunk", "concurrency", "kv_budget"):
+        if getattr(settings, name) is not None and getattr(settings, name) < 1:
             raise InputError(f"--{name.replace('_', '-')}", f"must be >= 1 (got {getattr(settings, name)})")
+    arrivals = [name for name in ("concurrency", "rate", "arrivals") if getattr(settings, name) is not None]
+    if arrivals and settings.serving != "continuous":
+        raise InputError(f"--{arrivals[0]}", "needs --serving continuous (static batches start together)")
+    if len(arrivals) > 1:
+        raise InputError(f"--{arrivals[1]}", f"give one of --concurrency, --rate, --arrivals (got {', '.join(arrivals)})")
+    if settings.rate is not None and not settings.rate > 0:
+        raise InputError("--rate", f"must be > 0 requests per second (got {settings.rate})")
+    if settings.arrivals is not None and not settings.arrivals.is_file():
+        raise InputError("--arrivals", f"{settings.arrivals} is not a file")
     if settings.temperature < 0:
         raise InputError("--temperature", f"must be >= 0 (got {settings.temperature})")
     if not 0 < settings.top_p <= 1:

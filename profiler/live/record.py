@@ -11,6 +11,7 @@ from sim.formats.run_folder import write_run_folder
 
 def write_run(settings: LiveConfig, rows, prompts, tok, loaded, speculative, baseline, quiet: bool = False,
               probe: dict | None = None) -> None:
+    import numpy as np
     import pandas as pd
 
     steps, requests, outputs = [], [], []
@@ -20,7 +21,8 @@ def write_run(settings: LiveConfig, rows, prompts, tok, loaded, speculative, bas
                           "query_tokens": s.query_tokens, "kv_tokens": s.kv_tokens, "drafted": s.drafted,
                           "accepted": s.accepted, "accept_flags": s.accept_flags, "committed": s.committed,
                           "refed": s.refed, "rolled_back": s.rolled_back, "draft_s": s.draft_s,
-                          "verify_s": s.verify_s, "selection_s": s.selection_s, "other_s": s.other_s})
+                          "verify_s": s.verify_s, "selection_s": s.selection_s, "other_s": s.other_s,
+                          "end_s": s.end_s})
         by_request: dict[int, list] = {}
         for s in gen.steps:
             by_request.setdefault(s.request, []).append(s)
@@ -28,10 +30,17 @@ def write_run(settings: LiveConfig, rows, prompts, tok, loaded, speculative, bas
             rid = first + b
             own = by_request.get(b, [])
             decode_s = gen.finish_s[b] - gen.first_token_s[b]
+            # Arrival, admission and finish since the batch's (static) or the run's (continuous) start.
+            itl = np.diff([gen.first_token_s[b]] + [s.end_s for s in own if s.committed > 0])
             requests.append({"request": rid, "category": rows[rid]["category"], "prompt_tokens": len(prompts[rid]),
-                             "output_tokens": len(out), "ttft_s": gen.first_token_s[b],
+                             "output_tokens": len(out), "ttft_s": gen.first_token_s[b] - gen.arrival_s[b],
                              "tpot_s": decode_s / (len(out) - 1) if len(out) > 1 else None,
-                             "tokens_per_step": sum(s.committed for s in own) / len(own) if own else None})
+                             "tokens_per_step": sum(s.committed for s in own) / len(own) if own else None,
+                             "arrival_s": gen.arrival_s[b], "queue_s": gen.admitted_s[b] - gen.arrival_s[b],
+                             "finish_s": gen.finish_s[b],
+                             "itl_mean_s": float(itl.mean()) if len(itl) else None,
+                             "itl_p50_s": float(np.median(itl)) if len(itl) else None,
+                             "itl_p90_s": float(np.percentile(itl, 90)) if len(itl) else None})
             outputs.append({"request": rid, "text": tok.decode(out), "tokens": out})
     summary = summarize_run(speculative, baseline, settings)
     meta = run_meta(settings, loaded)
@@ -66,7 +75,8 @@ def summarize_run(speculative, baseline, settings: LiveConfig) -> dict:
     total = sum(seconds.values())
     summary = {"method": settings.method, "k": settings.k if settings.method != "none" and settings.tree is None else None,
                "tree": list(settings.tree) if settings.tree is not None and settings.method != "none" else None,
-               "batch": settings.batch, "requests": sum(len(gen.outputs) for _, gen in speculative),
+               "batch": settings.batch, "serving": settings.serving,
+               "requests": sum(len(gen.outputs) for _, gen in speculative),
                "throughput_tok_s": throughput(speculative),
                "tokens_per_step": sum(s.committed for s in records) / len(records) if records else None,
                "time_share": {k: v / total for k, v in seconds.items() if v > 0} if total else {}}

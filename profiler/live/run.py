@@ -1,8 +1,9 @@
 """`python -m profiler live`: real speculative decoding on a real model, every step recorded.
 
-Runs the prompts in static batches, greedy or sampled, with the chosen drafter (and the
-autoregressive baseline with `baseline` or `check_lossless`), and writes a run folder
-(sim/formats/run_folder.py) atomically: a temporary folder renamed at the end.
+Serves the prompts in static batches, or continuously as they arrive (a closed loop, Poisson
+arrivals or a trace; profiler.engine.serving), greedy or sampled, with the chosen drafter (and
+the autoregressive baseline, served the same way, with `baseline` or `check_lossless`), and writes
+a run folder (sim/formats/run_folder.py) atomically: a temporary folder renamed at the end.
 """
 from __future__ import annotations
 
@@ -51,12 +52,42 @@ def make_drafter(settings: LiveConfig, model, dtype):
     return SelfDrafter(sink=settings.sink, window=settings.window)
 
 
+def serve_spec(settings: LiveConfig, prompts: list[list[int]]):
+    """Continuous batching's arrivals and limits: a closed loop of `concurrency` clients (default
+    `batch`), Poisson arrivals at `rate` (seeded), or the times in `arrivals`."""
+    from profiler.engine.serving import ServeSpec, poisson_arrivals
+
+    arrival_s = None
+    if settings.rate is not None:
+        arrival_s = poisson_arrivals(len(prompts), settings.rate, settings.seed)
+    elif settings.arrivals is not None:
+        arrival_s = read_arrival_times(settings.arrivals, len(prompts))
+    concurrency = None if arrival_s is not None else (settings.concurrency or settings.batch)
+    return ServeSpec(max_batch=settings.batch, prefill_chunk=settings.prefill_chunk,
+                     kv_budget_tokens=settings.kv_budget, concurrency=concurrency, arrival_s=arrival_s)
+
+
+def read_arrival_times(path, requests: int) -> tuple[float, ...]:
+    """The first `requests` arrival times of a trace file (seconds, one a line, sorted)."""
+    lines = [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    try:
+        times = [float(x) for x in lines[:requests]]
+    except ValueError:
+        raise InputError("--arrivals", f"{path}: every line must be a number of seconds") from None
+    if len(times) < requests:
+        raise InputError("--arrivals", f"{path} has {len(times)} arrival times for {requests} requests")
+    if times[0] < 0 or any(b < a for a, b in zip(times, times[1:])):
+        raise InputError("--arrivals", f"{path}: arrival times must be >= 0 and sorted")
+    return tuple(times)
+
+
 def run_batches(model, prompts: list[list[int]], settings: LiveConfig, drafter, eos_id, label: str):
     import torch
     from tqdm import tqdm
 
     from profiler.engine.partial import PartialSpec
-    from profiler.engine.speculative import Sampler, speculative_generate
+    from profiler.engine.serving import speculative_generate
+    from profiler.engine.speculative import Sampler
     from profiler.engine.tree import TreeShape
 
     tree = TreeShape(*settings.tree) if settings.tree is not None and drafter is not None else None
@@ -67,6 +98,12 @@ def run_batches(model, prompts: list[list[int]], settings: LiveConfig, drafter, 
     sampler = None
     if settings.temperature > 0:    # the same seed for every run: the baseline draws from its own stream
         sampler = Sampler(settings.temperature, settings.top_p, torch.Generator(device=settings.device).manual_seed(settings.seed))
+    if settings.serving == "continuous":
+        from profiler.engine.serving import serve
+
+        spec = serve_spec(settings, prompts)
+        return [(0, serve(model, prompts, settings.max_new_tokens, drafter, spec, k=settings.k, eos_id=eos_id,
+                          sampler=sampler, tree=tree, partial=partial))]
     runs = []
     batches = range(0, len(prompts), settings.batch)
     for first in tqdm(batches, desc=label, unit="batch", disable=len(batches) < 2, leave=False):
@@ -83,6 +120,8 @@ def run_live(settings: LiveConfig, models: dict | None = None, quiet: bool = Fal
 
     check_config(settings)
     rows = None if settings.context is not None else read_prompts(settings.prompts, settings.limit)
+    if settings.arrivals is not None:       # checked before the model loads
+        read_arrival_times(settings.arrivals, len(rows) if rows is not None else settings.limit or settings.batch)
     if settings.threads is not None:
         torch.set_num_threads(settings.threads)
     torch.manual_seed(settings.seed)

@@ -3,8 +3,11 @@ through its own server (vLLM's `vllm serve`, llama.cpp's `llama-server`).
 
 Nothing inside the engine is timed; what is timed is what a client sees, on the server users run:
   engine_forward  (batch, query, kv): one engine step of `batch` requests that each verify `query`
-                  tokens with `kv` tokens of context: the gap between a request's streamed chunks
-                  while every request of the point is decoding (one chunk a step). It holds the
+                  tokens with `kv` tokens of context: the mean gap between a request's streamed
+                  chunks while every request of the point is decoding (one chunk a step), pooled
+                  over the rounds. The mean, because a run's TPOT is a mean gap and a server's gaps
+                  have a long upper tail (vLLM at batch 1: mean 8-15% above the median); pooled,
+                  because keeping the fastest round picks the machine's fast minutes. It holds the
                   whole step: scheduling, the forward, sampling, the n-gram proposer, streaming
                   (llama.cpp streams a chunk per token; the client merges a step's tokens).
                   A point at query 1 comes from a server without speculation; a point at query k + 1
@@ -59,7 +62,7 @@ class ServerCalibrateConfig:
     threads: int = 2
     port: int = 8391
     quick: bool = False
-    rounds: int | None = None        # passes over the decode points per server, the median kept
+    rounds: int | None = None        # passes over the decode points per server, their gaps pooled
     seed: int = 0
     out: Path | None = None
 
@@ -69,9 +72,9 @@ class StepPoint:
     batch: int
     prompt_tokens: int
     k: int                           # the server's drafted tokens per step (0: no speculation)
-    step_s: float                    # median gap between chunks while all requests decode
+    step_s: float                    # mean gap between chunks while all requests decode
     query: float                     # mean tokens verified per request-step
-    gaps: int                        # gaps the median is over
+    gaps: int                        # gaps the mean is over
 
 
 def decode_prompts(tok, count: int, tokens: int, seed: int) -> list[list[int]]:
@@ -126,7 +129,7 @@ def measure_step(server: EngineServerConfig, url: str, prompts: list[list[int]],
     if not gaps:
         # A point whose requests never all decoded together (too few steps): the steps of each.
         gaps = [g for r in records for g in r.itl_s]
-    return StepPoint(batch, prompt_tokens, k, float(np.median(gaps)), float(query), len(gaps))
+    return StepPoint(batch, prompt_tokens, k, float(np.mean(gaps)), float(query), len(gaps))
 
 
 def measure_prefill(port: int, api: CompletionApi, tokens: int, seed: int, repeats: int) -> float:
@@ -140,6 +143,16 @@ def measure_prefill(port: int, api: CompletionApi, tokens: int, seed: int, repea
             raise InputError("--model", f"a prefill request failed ({record.error or 'no output'})")
         times.append(record.ttft_s)
     return float(np.median(times))
+
+
+def pooled(rounds: list[StepPoint]) -> StepPoint:
+    """One point's rounds as one: the mean gap and mean query over all their gaps."""
+    weights = np.array([p.gaps for p in rounds], dtype=float)
+    weights = weights if weights.sum() > 0 else np.ones(len(rounds))
+    first = rounds[0]
+    return StepPoint(first.batch, first.prompt_tokens, first.k,
+                     float(np.average([p.step_s for p in rounds], weights=weights)),
+                     float(np.average([p.query for p in rounds], weights=weights)), int(sum(p.gaps for p in rounds)))
 
 
 def on_query_axis(points: list[StepPoint], query_axis: list[int]) -> list[float]:
@@ -226,9 +239,7 @@ def calibrate_server(config: ServerCalibrateConfig) -> Path:
                         b, p = decode_points[int(i)]
                         by_point.setdefault((b, p), []).append(measure_step(server_config, server.url, prompts, b, p, k))
                         bar.update()
-                for measured in by_point.values():
-                    middle = sorted(measured, key=lambda s: s.step_s)[(len(measured) - 1) // 2]
-                    steps.append(middle)
+                steps += [pooled(measured) for measured in by_point.values()]
 
     query_axis = [1, *[k + 1 for k in ks]]
     kv_axis = [p + NEW_TOKENS // 2 for p in prompt_axis]
@@ -251,6 +262,7 @@ def calibrate_server(config: ServerCalibrateConfig) -> Path:
     meta["weights"] = dtype
     meta["fits"] = {"step_overhead_s": 0.0, "request_overhead_s": 0.0, "host_work_in_steps": True}
     meta["measured_steps"] = [s.__dict__ for s in steps]
+    meta["step_estimator"] = "mean gap, pooled over rounds"
     meta.update(held_out={}, new_tokens=NEW_TOKENS, max_model_len=max_model_len,
                 duration_s=round(time.perf_counter() - started, 1))
     if config.engine == "llama.cpp":

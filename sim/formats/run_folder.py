@@ -3,9 +3,12 @@
   steps.parquet     one row per request per engine step: run ("speculative" or "baseline"),
                     request, step, mode (decode, verify, partial, full), query_tokens, kv_tokens,
                     drafted, accepted, accept_flags, committed, refed, rolled_back, and the batch
-                    step's wall times draft_s, verify_s, selection_s, other_s
-  requests.parquet  request, category, prompt_tokens, output_tokens, ttft_s, tpot_s, tokens_per_step
-  summary.json      method, k, tree, batch, requests, throughput_tok_s, tokens_per_step,
+                    step's wall times draft_s, verify_s, selection_s, other_s, and end_s (when its
+                    tokens were committed, since the batch's or the served run's start)
+  requests.parquet  request, category, prompt_tokens, output_tokens, ttft_s (from arrival), tpot_s,
+                    tokens_per_step, arrival_s, queue_s (arrival to admission), finish_s,
+                    itl_mean_s, itl_p50_s, itl_p90_s (gaps between steps that emitted its tokens)
+  summary.json      method, k, tree, batch, serving, requests, throughput_tok_s, tokens_per_step,
                     time_share (RUN_PHASES), and with a baseline its throughput, speedup, agreement
   outputs.jsonl     each request's output text and token ids
   meta.json         device, threads, versions, dtype, model and its hash, config, arguments (the

@@ -59,13 +59,21 @@ class Workload(Strict):
     prompt_tokens: Lengths = 94
     output_tokens: Lengths = 166
     trace: Path | None = None
+    # arrival trace without a file: each request's arrival time, seconds (sorted), its prompt and
+    # output lengths from prompt_tokens and output_tokens (lists, in the same order)
+    arrival_s: Annotated[list[Annotated[float, Field(ge=0)]], Field(min_length=1)] | None = None
 
     @model_validator(mode="after")
     def _check_arrival(self):
         if self.arrival == "poisson" and self.rate_qps is None:
             raise ValueError("arrival poisson needs rate_qps")
-        if self.arrival == "trace" and self.trace is None:
-            raise ValueError("arrival trace needs trace: a CSV/Parquet/JSONL file")
+        if self.arrival == "trace" and (self.trace is None) == (self.arrival_s is None):
+            raise ValueError("arrival trace needs trace (a CSV/Parquet/JSONL file) or arrival_s, not both")
+        if self.arrival_s is not None:
+            if self.arrival != "trace":
+                raise ValueError("arrival_s goes with arrival: trace")
+            if any(b < a for a, b in zip(self.arrival_s, self.arrival_s[1:])):
+                raise ValueError("arrival_s must be sorted")
         if self.arrival == "closed" and self.concurrency is None:
             raise ValueError("arrival closed needs concurrency")
         return self
@@ -257,6 +265,11 @@ class Scheduler(Strict):
     # prefill_chunk first, prompts taking what is left: vLLM's max_num_batched_tokens and llama.cpp's
     # batch size count every token of an iteration; false: prompts get prefill_chunk of their own.
     budget_includes_decode: bool = False
+    # mixed: an iteration's prompt chunks ride in the decoding requests' target forward (vLLM,
+    # SGLang, llama.cpp); per_request: each prefilling request's chunk is a target forward of its
+    # own, before the decode step (`profiler live --serving continuous`, whose padded rows would
+    # otherwise run every decode row at the chunk's length).
+    prefill_forward: Literal["mixed", "per_request"] = "mixed"
     # continuous: requests join and leave the running batch at any iteration (vLLM, SGLang);
     # static: a batch of up to max_batch (or the closed loop's concurrency) is admitted together,
     # its prompts prefilled in one forward, and decoded until its last request finishes before the
@@ -572,7 +585,7 @@ def _check_semantics(scenario: Scenario) -> None:
         raise InputError("speculation.partial_verify.budget",
                             f"sink + budget + window {spec.partial_verify.static_tokens} is not below "
                             f"{model.name}'s maximum context {model.max_context}")
-    if scenario.workload.arrival == "trace" and not scenario.workload.trace.exists():
+    if scenario.workload.trace is not None and not scenario.workload.trace.exists():
         raise InputError("workload.trace", f"no such file: {scenario.workload.trace}")
     if spec.acceptance is not None and spec.acceptance.trace is not None and not spec.acceptance.trace.exists():
         raise InputError("speculation.acceptance.trace", f"no such file: {spec.acceptance.trace}")

@@ -5,7 +5,10 @@ A live run decodes its prompts in static batches (`--batch`): each batch is pref
 forward, decoded until its last request finishes, then the next batch starts. The matching
 simulation runs each batch on its own (a closed workload of exactly those requests, each with its
 own prompt and output length, every prompt prefilled in the first iteration) and adds the
-batches' times, so the prediction prices the same forwards the run timed.
+batches' times, so the prediction prices the same forwards the run timed. A run served
+continuously (`--serving continuous`) is one simulation of the simulator's own continuous
+batching: its requests in a closed loop at the run's concurrency or at the times they arrived,
+`--batch` rows, its prefill chunk, each chunk a forward of its own.
 
 Two predictions per speculative run:
 - replay: every simulated request takes its live request's accepted count at each step (and, with
@@ -139,7 +142,8 @@ def speculation_of(run: LiveRun, acceptance: dict, disagreement: dict | None) ->
 
 def batch_scenarios(run: LiveRun, calibration: Path | None, speculation: dict | None = None,
                     hardware: str | None = None) -> list[tuple[list[int], dict]]:
-    """(request ids, scenario mapping) per static batch of the run, in order."""
+    """(request ids, scenario mapping) per static batch of the run, in order; a continuously
+    served run is one scenario of all its requests, arriving as they did."""
     if hardware is None:
         if calibration is not None:
             from sim.formats.bundle import load_bundle
@@ -153,24 +157,39 @@ def batch_scenarios(run: LiveRun, calibration: Path | None, speculation: dict | 
                 raise InputError(run.name, f"no hardware preset for the run's device {run.meta['device']!r}; "
                                            f"give --calibration")
     requests = run.requests
+    base = {"hardware": hardware, "model": model_preset_of(run.meta["config"]),
+            "dtype": {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[run.meta["dtype"]],
+            "calibration": str(calibration) if calibration is not None else None,
+            "seed": int(run.meta.get("seed", 0)), **({"speculation": speculation} if speculation is not None else {})}
+    # The live engine pads a step's rows to the longest (profiler.engine.speculative lays every
+    # row out at T tokens).
+    pad_ragged = run.meta.get("engine") is None
+    if run.continuous:
+        a = run.args
+        if a.get("kv_budget") is not None:
+            raise InputError("RUN_DIR", f"{run.path}: runs with --kv-budget are not covered by validation yet")
+        prompts = [int(x) for x in requests.prompt_tokens]
+        outputs = [int(x) for x in requests.output_tokens]
+        if a.get("rate") is not None or a.get("arrivals") is not None:
+            workload = {"arrival": "trace", "arrival_s": [float(x) for x in requests.arrival_s]}
+        else:
+            workload = {"arrival": "closed", "concurrency": int(a.get("concurrency") or run.batch),
+                        "requests": len(prompts)}
+        # Each prefilling request's chunk is a forward of its own (profiler.engine.serving).
+        scheduler = {"max_batch": run.batch, "prefill_chunk": int(a["prefill_chunk"]), "pad_ragged": pad_ragged,
+                     "prefill_forward": "per_request"}
+        scenario = {**base, "workload": {**workload, "prompt_tokens": prompts, "output_tokens": outputs},
+                    "scheduler": scheduler}
+        return [([int(x) for x in requests.request], scenario)]
     out = []
     for first in range(0, len(requests), run.batch):
         chunk = requests.iloc[first:first + run.batch]
         prompts = [int(x) for x in chunk.prompt_tokens]
         outputs = [int(x) for x in chunk.output_tokens]
-        scenario = {
-            "hardware": hardware, "model": model_preset_of(run.meta["config"]),
-            "dtype": {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[run.meta["dtype"]],
-            "calibration": str(calibration) if calibration is not None else None,
-            "workload": {"arrival": "closed", "concurrency": len(chunk), "requests": len(chunk),
-                         "prompt_tokens": prompts, "output_tokens": outputs},
-            # The live engine prefills a whole batch in one forward, and pads a step's rows to
-            # the longest (profiler.engine.speculative lays every row out at T tokens).
-            "scheduler": {"max_batch": len(chunk), "prefill_chunk": sum(prompts),
-                          "pad_ragged": run.meta.get("engine") is None},
-            "seed": int(run.meta.get("seed", 0))}
-        if speculation is not None:
-            scenario["speculation"] = speculation
+        # Each static batch on its own, its prompts prefilled in one forward.
+        scenario = {**base, "workload": {"arrival": "closed", "concurrency": len(chunk), "requests": len(chunk),
+                                         "prompt_tokens": prompts, "output_tokens": outputs},
+                    "scheduler": {"max_batch": len(chunk), "prefill_chunk": sum(prompts), "pad_ragged": pad_ragged}}
         out.append(([int(x) for x in chunk.request], scenario))
     return out
 

@@ -26,6 +26,8 @@ SERVER_SETTING = ("model", "dtype", "threads", "seed", "context", "text", "text_
 # What makes two runs decode the same prompts in the same batches.
 SETTING = ("model", "dtype", "device", "threads", "seed", "context", "text", "prompts", "limit", "batch",
            "max_new_tokens", "temperature", "top_p")
+# ... and, served continuously, the same arrivals and scheduling.
+SERVING_SETTING = ("serving", "concurrency", "rate", "arrivals", "prefill_chunk", "kv_budget")
 
 
 class RunFolder:
@@ -62,6 +64,11 @@ class LiveRun(RunFolder):
         return int(self.args["batch"])
 
     @property
+    def continuous(self) -> bool:
+        """Served by continuous batching (`--serving continuous`), not in static batches."""
+        return self.args.get("serving") == "continuous"
+
+    @property
     def depth(self) -> int:
         """Longest chain of drafts one step can accept."""
         tree = self.args.get("tree")
@@ -90,7 +97,8 @@ class LiveRun(RunFolder):
     @property
     def setting(self) -> tuple:
         a = self.args
-        return tuple(str(a.get(key)) for key in SETTING)
+        served = tuple(str(a.get(key)) for key in SERVING_SETTING) if self.continuous else ()
+        return tuple(str(a.get(key)) for key in SETTING) + served
 
     def steps_of(self, requests) -> "object":
         """Steps of these requests, in step order."""

@@ -154,8 +154,8 @@ def serve(model: Llama, prompts: list[list[int]], max_new_tokens: int, drafter: 
                 upcoming += 1
         reserved += _admit(prompts, max_new_tokens, spec, waiting, alive, prefilling, reserved, out, now)
         if not alive and not prefilling:
-            if spec.arrival_s is None or upcoming >= B:
-                raise RuntimeError("nothing to serve and nothing to come: a request cannot fit the KV budget")
+            if spec.arrival_s is None or upcoming >= B:     # an empty engine always admits its queue's head
+                raise RuntimeError(f"the engine is empty with {B - done} requests unserved and none to arrive")
             time.sleep(max(spec.arrival_s[upcoming] - clock(), 0.0))
             continue
         iteration += 1

@@ -33,7 +33,8 @@ import torch
 from profiler.engine.drafters import Drafter
 from profiler.engine.model import Llama
 from profiler.engine.partial import PartialSpec
-from profiler.engine.speculative import (Generation, RequestState, Sampler, _finished, refeed_room, run_step)
+from profiler.engine.speculative import (Generation, RequestState, Sampler, device_sync, output_complete, refeed_room,
+                                         run_step)
 from profiler.engine.tree import TreeShape
 
 
@@ -111,7 +112,7 @@ def serve(model: Llama, prompts: list[list[int]], max_new_tokens: int, drafter: 
     shape = (tree or TreeShape(1, k)) if drafter is not None else None
     device = model.lm_head.weight.device
     use_kernels = device.type == "cuda" if use_kernels is None else use_kernels
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = device_sync(device)
     nodes = shape.nodes if shape is not None else 0
     max_seq = max(len(p) for p in prompts) + max_new_tokens + 2 * (nodes + 1) + refeed_room(partial, nodes) + 2
     rows = spec.max_batch
@@ -168,15 +169,17 @@ def serve(model: Llama, prompts: list[list[int]], max_new_tokens: int, drafter: 
         now = clock()
         for i in reversed(range(len(alive))):
             r = alive[i]
-            if _finished(r.output, max_new_tokens, eos_id) and not _unchecked(r, partial):
+            if not output_complete(r.output, max_new_tokens, eos_id):
+                continue
+            if _unchecked(r, partial):
+                r.final_check = True            # SpecPV rectify: one more step checks its last tokens
+            else:
                 _leave(model, drafter, alive, i)
                 finish(r, now)
-            elif _finished(r.output, max_new_tokens, eos_id):
-                r.final_check = True            # SpecPV rectify: one more step checks its last tokens
         for j, entry in enumerate(joining):
             out.first_token_s[entry.state.request] = now
             _join(model, drafter, alive, prefilling + joining[j + 1:], entry)
-            if _finished(entry.state.output, max_new_tokens, eos_id):     # one token asked, or EOS first
+            if output_complete(entry.state.output, max_new_tokens, eos_id):     # one token asked, or EOS first
                 _leave(model, drafter, alive, len(alive) - 1)
                 finish(entry.state, now)
     out.wall_s = clock()
@@ -216,7 +219,7 @@ def _prefill(model: Llama, drafter: Drafter | None, prefilling: list[_Prefilling
     if not prefilling:
         return []
     device = model.lm_head.weight.device
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = device_sync(device)
     complete: list[tuple[_Prefilling, torch.Tensor]] = []
     if spec.static:
         t0 = time.perf_counter()

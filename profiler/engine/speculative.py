@@ -99,6 +99,11 @@ class RequestState:
         return self.history[self.prompt_tokens:]
 
 
+def device_sync(device: torch.device):
+    """What a phase's clock waits on: the GPU's queue on CUDA, nothing on the CPU."""
+    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+
 def refeed_room(partial: PartialSpec | None, nodes_per_step: int) -> int:
     """Cache slots a row needs past its tokens for the padding of a step whose rows re-feed
     different numbers of tokens (SpecPV: up to a period's worth, placed after each row's own)."""
@@ -115,7 +120,7 @@ def run_step(model: Llama, alive: list[RequestState], drafter: Drafter | None, s
     accepted tree nodes' KV, refresh SpecPV summaries. Returns a record per request; `start`: the
     clock the records' end_s counts from."""
     device = model.lm_head.weight.device
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = device_sync(device)
     nodes_per_step = shape.nodes if shape is not None else 0
     t0 = time.perf_counter()
     positions = torch.tensor([r.position for r in alive], device=device)
@@ -324,7 +329,7 @@ def _rectify(r: RequestState, logits: Tensor) -> int:
     return discarded
 
 
-def _finished(output: list[int], max_new_tokens: int, eos_id: int | None) -> bool:
+def output_complete(output: list[int], max_new_tokens: int, eos_id: int | None) -> bool:
     return len(output) >= max_new_tokens or (eos_id is not None and bool(output) and output[-1] == eos_id)
 
 

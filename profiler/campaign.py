@@ -30,6 +30,7 @@ class CampaignConfig:
     campaign: str                   # a campaign's name (profiler/campaigns) or a YAML file
     out: Path                       # the campaign folder (resumed when it exists)
     text: Path | None = None        # the plain text long-context prompts are cut from
+    prompts: Path | None = None     # the JSONL chat prompts of the runs that say `prompts: FILE`
     repeats: int | None = None      # None: the campaign's own `repeats` (default 1)
     only: tuple[str, ...] | None = None   # run only these runs
     probe: bool = False             # every run with the machine probe, whatever the campaign says
@@ -66,9 +67,19 @@ def read_campaign(name_or_path: str) -> dict:
     return campaign
 
 
-def run_settings(run: dict, defaults: dict, text: Path | None, out: Path) -> LiveConfig:
+# A campaign's run that takes its chat prompts from the file given to the command says so with this
+# value (the data is the user's, by path; a campaign names no machine's file).
+PROMPTS_BY_PATH = "FILE"
+
+
+def run_settings(run: dict, defaults: dict, text: Path | None, out: Path, prompts: Path | None = None) -> LiveConfig:
     """One campaign run's LiveConfig: the campaign's defaults, the run's own fields, its folder."""
     options = {**(defaults or {}), **{k: v for k, v in run.items() if k != "name"}}
+    if options.get("prompts") == PROMPTS_BY_PATH:
+        if prompts is None:
+            raise InputError("--prompts", f"run {run['name']} takes its chat prompts by path: give --prompts FILE "
+                                             f"(JSONL, e.g. ../shared/data/spec_bench_questions.jsonl)")
+        options["prompts"] = prompts
     if "context" in options:
         if text is None:
             raise InputError("--text", f"run {run['name']} builds {options['context']}-token prompts: give --text FILE "
@@ -96,7 +107,7 @@ def plan_runs(campaign: dict, config: CampaignConfig, repeats: int) -> list[tupl
         folder = repeat_folder(config.out, repeat)
         order = runs if repeat % 2 else runs[::-1]
         for run in order:
-            settings = run_settings(run, defaults, config.text, folder / run["name"])
+            settings = run_settings(run, defaults, config.text, folder / run["name"], config.prompts)
             if not settings.out.exists():
                 check_config(settings)
             planned.append((repeat, run["name"], settings))

@@ -64,6 +64,8 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
                         help="JSONL with `prompt` or `turns` (first turn used), optional `category`; "
                              "default: the project's own 12 prompts")
     parser.add_argument("--limit", type=int, default=None, help="use the first N prompts")
+    parser.add_argument("--per-category", type=int, default=None,
+                        help="the first N prompts of each `category`, the categories in turn (then --limit)")
     parser.add_argument("--context", type=int, default=None,
                         help="long-context mode: prompts of this many tokens built from --text")
     parser.add_argument("--text", type=Path, default=None,
@@ -100,6 +102,9 @@ def add_campaign_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("campaign", help="a campaign's name (" + ", ".join(campaign_names()) + ") or a campaign YAML file")
     parser.add_argument("--text", type=Path, default=None,
                         help="plain text the long-context prompts are cut from, e.g. a public-domain novel")
+    parser.add_argument("--prompts", type=Path, default=None,
+                        help="JSONL chat prompts for the runs that take `prompts: FILE` (e.g. "
+                             "../shared/data/spec_bench_questions.jsonl)")
     parser.add_argument("--out", type=Path, required=True, help="the campaign folder (resumed when it exists)")
     parser.add_argument("--repeats", type=int, default=None,
                         help="how many times to run it (default: the campaign's `repeats`); repeat N > 1 writes "
@@ -197,6 +202,9 @@ def add_serve_live_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=2, help="the server's OpenMP threads")
     parser.add_argument("--max-model-len", type=int, default=2048, help="the server's context limit")
     parser.add_argument("--port", type=int, default=8391, help="the server's port on 127.0.0.1")
+    parser.add_argument("--server-arg", dest="server_args", action="append", default=[], metavar="ARG",
+                        help="one more argument for every server's command line, recorded with the run "
+                             "(repeatable; e.g. --server-arg=--no-async-scheduling)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True,
                         help="output folder (must not exist); several runs: one folder each inside it, named "
@@ -261,7 +269,8 @@ def dispatch(args: argparse.Namespace) -> int:
     elif args.command == "campaign":
         from profiler.campaign import CampaignConfig, run_campaign
 
-        run_campaign(CampaignConfig(campaign=args.campaign, out=args.out, text=args.text, repeats=args.repeats,
+        run_campaign(CampaignConfig(campaign=args.campaign, out=args.out, text=args.text, prompts=args.prompts,
+                                    repeats=args.repeats,
                                     only=tuple(args.only) if args.only else None, probe=args.probe))
     elif args.command == "hf-live":
         from profiler.blackbox.transformers import run_transformers_live

@@ -17,7 +17,7 @@ capacity: the highest Poisson request rate meeting the scenario's SLOs, with and
 validate: predicts each `profiler live` run (or every run of a `profiler campaign` folder), replaying
 its acceptance and with acceptance fitted on the other runs, and reports the errors; with
 --published, predicts the catalogue of published GPU measurements (validation/published) instead
-(docs/validation.md); --fit searches the presets' non-datasheet settings on its fit half alone.
+(docs/validation-published.md); --fit searches the presets' non-datasheet settings on its fit half alone.
 fit-acceptance: per drafter, the acceptance block of a scenario fitted on live runs (or vLLM's
 counters), and SpecPV's disagreement with full verification.
 

@@ -106,6 +106,23 @@ def test_continuous_serving_records_arrivals_queueing_and_inter_token_gaps(tmp_p
     assert proc.returncode == 0, proc.stderr
     rows = pd.read_csv(tmp_path / "v" / "validation.csv", comment="#")
     assert set(rows.prediction) >= {"replay"} and rows.predicted_tok_s.gt(0).all()
+    # Served runs are also compared on their median request's latencies.
+    for metric in ("ttft_p50_ms", "tpot_p50_ms"):
+        assert rows[f"measured_{metric}"].gt(0).all() and rows[f"predicted_{metric}"].gt(0).all()
+
+
+def test_prompts_per_category_take_the_categories_in_turn(tmp_path):
+    from profiler.live.prompts import read_prompts
+
+    prompts = tmp_path / "p.jsonl"
+    rows = [("a", 1), ("a", 2), ("a", 3), ("b", 1), ("c", 1), ("c", 2)]
+    prompts.write_text("".join(json.dumps({"category": c, "turns": [f"{c}{i}", "second turn"]}) + "\n" for c, i in rows))
+    texts = lambda got: [r["text"] for r in got]
+    assert texts(read_prompts(prompts, None, 2)) == ["a1", "b1", "c1", "a2", "c2"]
+    assert texts(read_prompts(prompts, 4, 2)) == ["a1", "b1", "c1", "a2"]
+    assert texts(read_prompts(prompts, 2)) == ["a1", "a2"]
+    proc = live("--prompts", prompts, "--per-category", "0", "--out", tmp_path / "out")
+    assert proc.returncode == 2 and "--per-category: must be >= 1" in proc.stderr
 
 
 def test_empty_prompt_file_and_existing_out_are_refused(tmp_path):

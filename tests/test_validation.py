@@ -262,7 +262,8 @@ def test_campaign_rejects_bad_input_in_one_line(tmp_path):
                          ([bad_field, "--out", tmp_path / "o"], "CAMPAIGN: run a: batchh: Extra inputs"),
                          ([bad_value, "--out", tmp_path / "o"], "CAMPAIGN: run a: method: Input should be"),
                          (["smoke", "--out", tmp_path / "o"], "--text: run none-c256-b2 builds 256-token prompts"),
-                         (["smoke", "--out", tmp_path / "o", "--repeats", "0"], "--repeats: must be >= 1")):
+                         (["smoke", "--out", tmp_path / "o", "--repeats", "0"], "--repeats: must be >= 1"),
+                         (["chat-serving", "--out", tmp_path / "o"], "--prompts: run none-b4 takes its chat prompts by path")):
         proc = campaign(*args)
         assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr

@@ -46,6 +46,7 @@ class LiveConfig(BaseModel):
     kv_budget: int | None = None         # continuous: KV tokens admission reserves (prompt + max_new_tokens each)
     prompts: Path = DEFAULT_PROMPTS      # JSONL with `prompt` or `turns`, optional `category`
     limit: int | None = None             # the first N prompts
+    per_category: int | None = None      # the first N prompts of each category, the categories in turn
     context: int | None = None           # long-context mode: prompts of this many tokens cut from `text`
     text: Path | None = None             # long-context mode: a plain-text file
     max_new_tokens: int = 64
@@ -74,7 +75,8 @@ class LiveConfig(BaseModel):
 def check_config(settings: LiveConfig) -> None:
     """Every rule a run's settings must meet before anything loads, as one-line errors naming the flag."""
     for name in ("k", "batch", "max_new_tokens", "exit_layer", "sink", "window", "group_size", "period",
-                 "partial_sink", "partial_window", "block", "prefill_chunk", "concurrency", "kv_budget"):
+                 "partial_sink", "partial_window", "block", "prefill_chunk", "concurrency", "kv_budget",
+                 "per_category"):
         if getattr(settings, name) is not None and getattr(settings, name) < 1:
             raise InputError(f"--{name.replace('_', '-')}", f"must be >= 1 (got {getattr(settings, name)})")
     arrivals = [name for name in ("concurrency", "rate", "arrivals") if getattr(settings, name) is not None]

@@ -38,7 +38,11 @@ def long_context_prompts(tok, text_path: Path, context_tokens: int, count: int, 
     return [head + body[i * room:(i + 1) * room] + tail for i in range(count)]
 
 
-def read_prompts(path: Path, limit: int | None) -> list[dict]:
+def read_prompts(path: Path, limit: int | None, per_category: int | None = None) -> list[dict]:
+    """The file's chat prompts (`prompt`, or the first of `turns`), each with its `category`.
+    per_category: the first N of each category, taken in turns (the first of every category, then
+    the second, ...), so a closed loop or a Poisson stream mixes the categories as a server's
+    traffic would; limit: the first N of what is left."""
     try:
         lines = path.read_text().splitlines()
     except OSError as exc:
@@ -57,10 +61,18 @@ def read_prompts(path: Path, limit: int | None) -> list[dict]:
         if not isinstance(text, str) or not text:
             raise InputError("--prompts", f"{path} line {number} has no `prompt` or `turns`")
         rows.append({"text": text, "category": row.get("category")})
-        if limit is not None and len(rows) == limit:
+        if per_category is None and limit is not None and len(rows) == limit:
             break
     if not rows:
         raise InputError("--prompts", f"{path} has no prompts")
+    if per_category is not None:
+        rows = take_in_turns(rows, per_category)[:limit]
     return rows
 
 
+def take_in_turns(rows: list[dict], per_category: int) -> list[dict]:
+    """The first `per_category` rows of each category, the categories in turn (file order)."""
+    by_category: dict = {}
+    for row in rows:
+        by_category.setdefault(row["category"], []).append(row)
+    return [group[turn] for turn in range(per_category) for group in by_category.values() if turn < len(group)]

@@ -119,7 +119,7 @@ def run_live(settings: LiveConfig, models: dict | None = None, quiet: bool = Fal
     import torch
 
     check_config(settings)
-    rows = None if settings.context is not None else read_prompts(settings.prompts, settings.limit)
+    rows = None if settings.context is not None else read_prompts(settings.prompts, settings.limit, settings.per_category)
     if settings.arrivals is not None:       # checked before the model loads
         read_arrival_times(settings.arrivals, len(rows) if rows is not None else settings.limit or settings.batch)
     if settings.threads is not None:

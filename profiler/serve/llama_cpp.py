@@ -35,6 +35,7 @@ class LlamaServerConfig:
     threads: int = 2
     seed: int = 0
     speculative: dict | None = None      # {"size_n": N, "size_m": M} for ngram-simple, None: no speculation
+    extra_args: tuple[str, ...] = ()     # appended to the command line as given (serve-live --server-arg)
     start_timeout_s: float = 120.0
     log: Path | None = None
 
@@ -51,7 +52,7 @@ class LlamaServerConfig:
         if self.speculative is not None:
             cmd += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(self.speculative["size_n"]),
                     "--spec-ngram-simple-size-m", str(self.speculative["size_m"])]
-        return cmd
+        return cmd + list(self.extra_args)
 
     def environment(self) -> dict:
         return dict(os.environ)

@@ -73,6 +73,7 @@ class ServeConfig(BaseModel):
     threads: int = 2
     max_model_len: int = 2048
     port: int = 8391
+    server_args: tuple[str, ...] = ()    # more arguments for the server's command line, as given
     seed: int = 0
     out: Path
 
@@ -101,11 +102,12 @@ class ServeConfig(BaseModel):
             speculative = vllm.ngram_config(self.k, self.prompt_lookup_min, self.prompt_lookup_max) if drafting else None
             return vllm.VllmServerConfig(model=self.model, venv=self.venv, port=self.port, dtype=vllm.DTYPES[self.dtype],
                                          max_model_len=self.max_model_len, threads=self.threads, seed=self.seed,
-                                         speculative=speculative, log=log)
+                                         speculative=speculative, extra_args=self.server_args, log=log)
         speculative = llama_cpp.ngram_simple(self.k, self.prompt_lookup_min) if drafting else None
         return llama_cpp.LlamaServerConfig(model=self.model, binary=self.server_bin, port=self.port,
                                            parallel=self.parallel or 1, max_model_len=self.max_model_len,
-                                           threads=self.threads, seed=self.seed, speculative=speculative, log=log)
+                                           threads=self.threads, seed=self.seed, speculative=speculative,
+                                           extra_args=self.server_args, log=log)
 
 
 def smollm2_gguf() -> Path | None:

@@ -32,6 +32,7 @@ class VllmServerConfig:
     kv_cache_gib: int = 2
     seed: int = 0
     speculative: dict | None = None  # vLLM's --speculative-config, None: no speculation
+    extra_args: tuple[str, ...] = ()     # appended to the command line as given (serve-live --server-arg)
     start_timeout_s: float = 300.0
     log: Path | None = None          # where the server's output goes (default: a temporary file)
 
@@ -47,7 +48,7 @@ class VllmServerConfig:
                "--dtype", self.dtype, "--seed", str(self.seed), "--disable-uvicorn-access-log"]
         if self.speculative is not None:
             cmd += ["--speculative-config", json.dumps(self.speculative)]
-        return cmd
+        return cmd + list(self.extra_args)
 
     def environment(self) -> dict:
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib), "VLLM_CPU_OMP_THREADS_BIND": "nobind",

@@ -417,7 +417,7 @@ def build_report(frame: pd.DataFrame, provenance: dict, validation: pd.DataFrame
     if published is not None:
         body.append("<h2 id='published'>Published GPU measurements</h2><p class='note'>How far to trust GPU figures: "
                     f"the simulator against speedups others measured on GPUs ({html.escape(halves_text(published))}; "
-                    "validation/published, docs/validation.md). Each speedup above carries the error of the held "
+                    "validation/published, docs/validation-published.md). Each speedup above carries the error of the held "
                     "cases nearest it in regime.</p>" + section_html("published"))
     body.append("<h2 id='provenance'>Provenance</h2>" + provenance_html(provenance))
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"

@@ -3,6 +3,7 @@ Both read run folders and campaign folders; neither runs anything live."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import yaml
@@ -205,16 +206,20 @@ def markdown_tables(rows, command: str) -> str:
     from sim.validate.compare import AT_PROBE, METRICS, PREDICTIONS, aggregate
 
     pct = lambda x: "" if x is None else f"{x:+.1%}"
+    ms = lambda x: "" if math.isnan(x) else f"{x:.0f}"
     by_run: dict[str, dict] = {}
     for r in rows:
         by_run.setdefault(r.run, {})[r.prediction] = r
     # Runs recorded with --probe add the throughput error at the machine's measured speed.
     probed = any(r.prediction.endswith(AT_PROBE) for r in rows)
     probe_head, probe_rule = ("error at the probe's speed | ", "---|") if probed else ("", "")
+    # Runs served continuously add their median request's latencies.
+    served = any(not math.isnan(r.measured_ttft_p50_ms) for r in rows)
+    served_head, served_rule = (" TTFT p50 ms measured | error | TPOT p50 ms measured | error |", "---|" * 4) if served else ("", "")
     lines = [f"Reproduce: `{command}`", "",
              "| run | drafter | batch | context | tok/s measured | repeats spread | predicted (replay / fitted) | error | "
-             f"{probe_head}speedup measured | predicted (replay / fitted) | error | tokens/step measured | fitted |",
-             f"|---|---|---|---|---|---|---|---|{probe_rule}---|---|---|---|---|"]
+             f"{probe_head}speedup measured | predicted (replay / fitted) | error | tokens/step measured | fitted |{served_head}",
+             f"|---|---|---|---|---|---|---|---|{probe_rule}---|---|---|---|---|{served_rule}"]
     for name, preds in by_run.items():
         first = next(iter(preds.values()))
         order = [preds[p] for p in PREDICTIONS if p in preds]
@@ -231,9 +236,13 @@ def markdown_tables(rows, command: str) -> str:
             speed = speed_err = measured_speed = ""
         fitted = preds.get("fitted")
         tps = f"{fitted.predicted_tokens_per_step:.2f}" if fitted else ""
+        latency = ""
+        if served:
+            latency = "".join(f" {ms(getattr(first, f'measured_{m}'))} | " + " / ".join(pct(r.error(m)) for r in order) + " |"
+                              for m in ("ttft_p50_ms", "tpot_p50_ms"))
         lines.append(f"| {name} | {first.drafter} | {first.batch} | {first.context:.0f} | {first.measured_tok_s:.2f} | "
                      f"{first.measured_spread:.0%} ({first.repeats}) | {tok} | {tok_err} | {measured_speed} | {speed} | {speed_err} | "
-                     f"{first.measured_tokens_per_step:.2f} | {tps} |")
+                     f"{first.measured_tokens_per_step:.2f} | {tps} |{latency}")
     # The aggregate, one row per prediction: each metric's |error| as median (P90, worst) over its runs.
     summary = aggregate(rows)
     metrics = [m for m in (*METRICS, "share") if any(a["metric"] == m for a in summary)]

@@ -40,7 +40,7 @@ SHARES = tuple(SHARE_GROUPS)
 # measured machine speed (`at_run_speed`).
 PREDICTIONS = ("cost model", "replay", "fitted")
 AT_PROBE = "@ probe"
-METRICS = ("tok_s", "speedup", "decode_speedup", "tpot_ms", "tokens_per_step")
+METRICS = ("tok_s", "speedup", "decode_speedup", "tpot_ms", "tokens_per_step", "ttft_p50_ms", "tpot_p50_ms")
 # A fitted acceptance model is a distribution: its prediction is the mean over this many seeded
 # simulations (a run of 1-16 requests is too few to average one draw of per-request rates).
 FITTED_REPLICATIONS = 8
@@ -74,6 +74,12 @@ class Comparison:
     # order the run folders were given: the machine's own repeatability (`repeatability`).
     repeat_tok_s: tuple = ()
     repeat_speedup: tuple = ()
+    # Served continuously: the median request's time to first token and time per output token
+    # (NaN for static batches, whose requests wait for their batch rather than for a server).
+    measured_ttft_p50_ms: float = math.nan
+    predicted_ttft_p50_ms: float = math.nan
+    measured_tpot_p50_ms: float = math.nan
+    predicted_tpot_p50_ms: float = math.nan
 
     def error(self, metric: str) -> float | None:
         measured, predicted = getattr(self, f"measured_{metric}"), getattr(self, f"predicted_{metric}")
@@ -213,6 +219,7 @@ def predict(run: LiveRun, calibration: Path | None, prediction: str, fitted: dic
     totals = {"seconds": 0.0, "base_seconds": 0.0, "prefill": 0.0, "base_prefill": 0.0, "tokens": 0,
               "requests": 0, "steps": 0, "committed": 0}
     tpots, phases = [], {}
+    ttft_p50s, tpot_p50s = [], []
     replications = FITTED_REPLICATIONS if prediction == "fitted" else 1
     batches = batch_scenarios(run, calibration, speculation)
     for replication in range(replications):
@@ -233,6 +240,9 @@ def predict(run: LiveRun, calibration: Path | None, prediction: str, fitted: dic
             totals["steps"] += sum(histogram.values())
             totals["committed"] += sum(k * c for k, c in histogram.items())
             tpots.extend(x for x in metrics.tpot_s if not math.isnan(x))
+            if run.continuous:
+                ttft_p50s.append(float(np.nanmedian(metrics.ttft_s)))
+                tpot_p50s.append(float(np.nanmedian(metrics.tpot_s)))
             for phase, seconds in metrics.phase_s.items():
                 phases[phase] = phases.get(phase, 0.0) + seconds
     busy = sum(phases.values()) or 1.0
@@ -244,6 +254,8 @@ def predict(run: LiveRun, calibration: Path | None, prediction: str, fitted: dic
             "decode_speedup": base_decode_s / decode_s if run.speculative and decode_s > 0 else None,
             "tpot_ms": float(np.mean(tpots)) * 1e3 if tpots else math.nan,
             "tokens_per_step": totals["committed"] / totals["steps"] if run.speculative and totals["steps"] else 1.0,
+            "ttft_p50_ms": float(np.mean(ttft_p50s)) * 1e3 if ttft_p50s else math.nan,
+            "tpot_p50_ms": float(np.mean(tpot_p50s)) * 1e3 if tpot_p50s else math.nan,
             "share": share, "seconds": totals["seconds"], "prefill_s": totals["prefill"],
             "base_seconds": totals["base_seconds"], "base_prefill_s": totals["base_prefill"]}
 
@@ -286,6 +298,8 @@ def measured(run: LiveRun, baselines: dict) -> dict:
             "decode_speedup": decode_speedup,
             "tpot_ms": float(tpot.mean()) * 1e3 if len(tpot) else math.nan,
             "tokens_per_step": tokens_per_step,
+            "ttft_p50_ms": float(run.requests.ttft_s.median()) * 1e3 if run.continuous else math.nan,
+            "tpot_p50_ms": float(tpot.median()) * 1e3 if run.continuous and len(tpot) else math.nan,
             "share": {k: sum(share.get(p, 0.0) for p in RUN_PHASES if share_group(RUN_PHASES[p]) == k)
                       for k in SHARES}}
 
@@ -343,7 +357,9 @@ def compare_runs(runs: list[LiveRun], calibration: Path | None, progress: bool =
                     guess["tpot_ms"], truth["tokens_per_step"], guess["tokens_per_step"], truth["share"],
                     guess["share"], len(run.repeat_tok_s) or 1,
                     max(run.repeat_tok_s) / min(run.repeat_tok_s) - 1 if run.repeat_tok_s else 0.0, note,
-                    run.repeat_tok_s, repeat_speedups(run, baselines)))
+                    run.repeat_tok_s, repeat_speedups(run, baselines),
+                    measured_ttft_p50_ms=truth["ttft_p50_ms"], predicted_ttft_p50_ms=guess["ttft_p50_ms"],
+                    measured_tpot_p50_ms=truth["tpot_p50_ms"], predicted_tpot_p50_ms=guess["tpot_p50_ms"]))
     return comparisons
 
 
@@ -377,7 +393,8 @@ def at_run_speed(guess: dict, ratios: dict, base_ratios: dict, decode_base_ratio
 
     seconds = scaled_seconds(guess["seconds"], guess["prefill_s"], ratios)
     out = {**guess, "tok_s": guess["tok_s"] * guess["seconds"] / seconds,
-           "tpot_ms": guess["tpot_ms"] * ratios["decode"], "seconds": seconds}
+           "tpot_ms": guess["tpot_ms"] * ratios["decode"], "tpot_p50_ms": guess["tpot_p50_ms"] * ratios["decode"],
+           "ttft_p50_ms": guess["ttft_p50_ms"] * ratios["prompt"], "seconds": seconds}
     if guess["speedup"] is not None:
         base_seconds = scaled_seconds(guess["base_seconds"], guess["base_prefill_s"], base_ratios)
         out["speedup"] = base_seconds / seconds

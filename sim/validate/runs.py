@@ -24,7 +24,7 @@ SERVER_ENGINES = ("vllm", "llama.cpp")
 SERVER_SETTING = ("model", "dtype", "threads", "seed", "context", "text", "text_start", "prompts", "first_prompt",
                   "limit", "batch", "rate", "max_new_tokens", "max_model_len", "parallel")
 # What makes two runs decode the same prompts in the same batches.
-SETTING = ("model", "dtype", "device", "threads", "seed", "context", "text", "prompts", "limit", "batch",
+SETTING = ("model", "dtype", "device", "threads", "seed", "context", "text", "prompts", "limit", "per_category", "batch",
            "max_new_tokens", "temperature", "top_p")
 # ... and, served continuously, the same arrivals and scheduling.
 SERVING_SETTING = ("serving", "concurrency", "rate", "arrivals", "prefill_chunk", "kv_budget")

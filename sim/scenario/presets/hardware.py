@@ -33,7 +33,7 @@ class HardwareSpec:
     # How sharply a GEMM turns from weight-bound to compute-bound: time = (compute^p + memory^p)^(1/p)
     # (p = infinity is the roofline's max). Small-M GEMMs near the ridge reach neither peak: their
     # tiles are too few to hide weight loads behind tensor-core work. Set per hardware class from
-    # the published catalogue's fit half (docs/validation.md); None keeps the plain roofline.
+    # the published catalogue's fit half (docs/validation-published.md); None keeps the plain roofline.
     gemm_corner: float | None = None
 
     @property
@@ -52,7 +52,7 @@ class HardwareSpec:
 
 
 # GEMM corners (HardwareSpec.gemm_corner), set on the published catalogue's fit half by
-# `python -m sim validate --published --fit` (sim/validate/published/fit.py, docs/validation.md):
+# `python -m sim validate --published --fit` (sim/validate/published/fit.py, docs/validation-published.md):
 # datacenter parts p = 1 (SGLang on an H100 across batch 2-64, Hugging Face loops on an A100: weight
 # streaming and tensor-core work do not overlap at the small M of decode and verification), GeForce
 # cards p = 1.25 (vLLM and Hugging Face loops on an RTX 3090). Only H100, A100 and RTX 3090 have fit

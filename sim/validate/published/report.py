@@ -1,6 +1,6 @@
 """What `sim validate --published` writes: errors.csv (one row per case, provenance first), the
 parity plot (measured against predicted speedup, fit and held half apart, anchors marked) and the
-Markdown tables for docs/validation.md."""
+Markdown tables for docs/validation-published.md."""
 from __future__ import annotations
 
 import json

@@ -43,12 +43,14 @@ def test_the_run_probe_is_the_mean_of_before_and_after():
 def test_a_prediction_at_the_run_speed_scales_prefill_and_decode_by_their_probes():
     assert scaled_seconds(10.0, 2.0, {"decode": 1.5, "prompt": 0.5}) == pytest.approx(2.0 * 0.5 + 8.0 * 1.5)
     guess = {"tok_s": 100.0, "seconds": 10.0, "prefill_s": 2.0, "base_seconds": 15.0, "base_prefill_s": 2.0,
-             "speedup": 1.5, "decode_speedup": 13.0 / 8.0, "tpot_ms": 50.0, "tokens_per_step": 2.5, "share": {}}
+             "speedup": 1.5, "decode_speedup": 13.0 / 8.0, "tpot_ms": 50.0, "tokens_per_step": 2.5, "share": {},
+             "ttft_p50_ms": 400.0, "tpot_p50_ms": 45.0}
     slow = {"decode": 1.2, "prompt": 1.0}
     out = at_run_speed(guess, slow, slow)
     assert out["tok_s"] == pytest.approx(1000.0 / (2.0 + 8.0 * 1.2))
     assert out["speedup"] == pytest.approx((2.0 + 13.0 * 1.2) / (2.0 + 8.0 * 1.2))
     assert out["tpot_ms"] == pytest.approx(60.0) and out["tokens_per_step"] == 2.5
+    assert out["tpot_p50_ms"] == pytest.approx(54.0) and out["ttft_p50_ms"] == pytest.approx(400.0)
     # The baseline measured at another speed than the run moves the predicted speedup with it.
     faster_base = at_run_speed(guess, slow, {"decode": 1.0, "prompt": 1.0})
     assert faster_base["speedup"] == pytest.approx(15.0 / (2.0 + 8.0 * 1.2))

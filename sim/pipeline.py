@@ -235,6 +235,9 @@ class PipelineSimulation:
             q = [c for _, c in piece]
             kv = [e[1] + c for e, c in piece]
             logits = sum(1 for e, c in piece if e[1] + c == e[2])
+            if self.pad_ragged and len(piece) > 1:
+                # A static-shape engine runs the prompts of one forward at the longest one's length.
+                q, kv = [max(q)] * len(q), [max(kv)] * len(kv)
             prefill = Group(PREFILL, len(piece), sum(q), max(q), sum(kv), logits, q, kv)
             if stacks.draft is not None and stacks.draft_owns_kv:
                 # The draft's own KV (EAGLE head, draft model) needs the prompt too.
@@ -250,14 +253,15 @@ class PipelineSimulation:
                                           kv_offloaded=self.kv_offloaded), plan
         ctx = s.ctx[:n]
         ctx_sum = self.ctx_sum
+        span, span_sum = self.attended_spans(ctx, ctx_sum)
         if self.speculative:
-            seconds += self.price_drafts(n, ctx, ctx_sum, shares)
+            seconds += self.price_drafts(n, span, span_sum, shares, host_context=ctx_sum / n)
             seconds += cost.speculation_overhead(n, self.draft_forward_count, shares)
         if self.partial is not None:
             # Replayed proposal lengths are not applied here: the live engine's drafters always
             # propose k tokens (its n-gram drafter repeats the last token when nothing matches).
             groups = [prefill] if prefill is not None else []
-            seconds += self.plan_partial_verify(n, ctx, groups, plan, shares)
+            seconds += self.plan_partial_verify(n, ctx, groups, plan, shares, span)
         else:
             V = self.verify_tokens
             phase = VERIFY if self.speculative else DECODE
@@ -278,19 +282,29 @@ class PipelineSimulation:
                                                   kv_offloaded=self.kv_offloaded), plan
             if prefill is None:
                 return seconds + cost.forward_uniform(
-                    stacks.target, phase, n, V, ctx_sum + n * (V - 1), shares, context=ctx, kv_offset=V - 1,
+                    stacks.target, phase, n, V, span_sum + n * (V - 1), shares, context=span, kv_offset=V - 1,
                     offloaded_layers=self.offloaded_layers, kv_offloaded=self.kv_offloaded), plan
-            kv = ctx + (V - 1) if self.target_needs_kv else None
-            groups = [prefill, uniform_group(phase, n, V, ctx_sum + n * (V - 1), kv_tokens=kv)]
+            kv = span + (V - 1) if self.target_needs_kv else None
+            groups = [prefill, uniform_group(phase, n, V, span_sum + n * (V - 1), kv_tokens=kv)]
         seconds += cost.forward(stacks.target, groups, shares, offloaded_layers=self.offloaded_layers,
                                 kv_offloaded=self.kv_offloaded)
         return seconds, plan
 
-    def price_drafts(self, n: int, ctx: np.ndarray, ctx_sum: int, shares: list[float]) -> float:
-        """The drafter's work for n decoding requests before their verification."""
+    def attended_spans(self, ctx: np.ndarray, ctx_sum: int) -> tuple[np.ndarray, int]:
+        """The context each decoding row's attention reads, and their sum: its own, or on a
+        static-shape engine the longest row's (one dense cache tensor, the shorter rows masked)."""
+        if not self.pad_ragged or len(ctx) < 2:
+            return ctx, ctx_sum
+        longest = int(ctx.max())
+        return np.full(len(ctx), longest, dtype=ctx.dtype), longest * len(ctx)
+
+    def price_drafts(self, n: int, ctx: np.ndarray, ctx_sum: int, shares: list[float],
+                     host_context: float | None = None) -> float:
+        """The drafter's work for n decoding requests before their verification; ctx: the context
+        each row's draft attention reads, host_context: the mean history a host drafter searches."""
         cost, draft = self.cost, self.stacks.draft
         if draft is None:                   # n-gram prompt lookup on the host
-            return cost.host_draft(n, shares, ctx_sum / n)
+            return cost.host_draft(n, shares, ctx_sum / n if host_context is None else host_context)
         if self.method == "medusa":         # all heads in one forward on the last hidden state
             return cost.forward_uniform(draft, DRAFT, n, 1, ctx_sum, shares)
         if self.track_last:
@@ -310,10 +324,12 @@ class PipelineSimulation:
                                             offloaded_layers=self.draft_offloaded_layers)
         return seconds
 
-    def plan_partial_verify(self, n, ctx, groups, plan, shares) -> float:
+    def plan_partial_verify(self, n, ctx, groups, plan, shares, span=None) -> float:
         """SpecPV: split decoding requests into full-attention, partial and full-refresh groups
-        (appended to `groups` for the target forward); returns the block re-selection's seconds."""
+        (appended to `groups` for the target forward); returns the block re-selection's seconds.
+        span: the context each row's full attention reads (default its own, ctx)."""
         pv, s, V = self.partial, self.slots, self.verify_tokens
+        span = ctx if span is None else span
         own = len(groups)                  # groups from here on are this method's
         eligible = ctx > pv.static_tokens
         period_reached = (s.since[:n] if pv.period_unit == "tokens" else s.steps_since[:n]) >= pv.period
@@ -323,7 +339,7 @@ class PipelineSimulation:
         plan["full"], plan["partial"] = full, partial
         seconds = 0.0
         if plain.any():
-            kv = ctx[plain] + V - 1
+            kv = span[plain] + V - 1
             groups.append(uniform_group(VERIFY, len(kv), V, int(kv.sum()), kv_tokens=kv))
         if partial.any():
             buffer = s.since[:n][partial]
@@ -336,9 +352,9 @@ class PipelineSimulation:
         if full.any():
             # Re-feed the tokens accepted since the refresh, then verify the new drafts.
             q = s.since[:n][full] + V
-            kv = ctx[full] + V - 1
+            kv = span[full] + V - 1
             groups.append(Group(FULL, len(q), int(q.sum()), int(q.max()), int(kv.sum()), int(q.sum()), q, kv))
-            seconds += self.cost.selection(self.stacks.target, len(q), int(kv.sum()), int(q.sum()),
+            seconds += self.cost.selection(self.stacks.target, len(q), int(ctx[full].sum()) + len(q) * (V - 1), int(q.sum()),
                                            pv.budget, pv.block, shares,
                                            part="refresh" if pv.reselect == "refresh" else "summaries")
             if self.pad_ragged:

@@ -161,6 +161,29 @@ def test_static_batches_wait_for_the_whole_batch():
     assert static.iterations == 2 * 32     # each batch: one prefill iteration, then 31 decode steps
 
 
+def test_a_static_shape_engine_attends_over_the_longest_rows_context():
+    # A short and a long request decoding together: on a padded engine both rows read the long
+    # one's context (one dense KV tensor), so decoding costs what two long requests' does.
+    def decode_s(prompts, pad):
+        result = simulate({"hardware": "h100-sxm", "model": "llama-3.1-8b",
+                           "workload": {"concurrency": 2, "requests": 2, "prompt_tokens": prompts, "output_tokens": 64},
+                           "scheduler": {"pad_ragged": pad, "prefill_chunk": 131072}})
+        return result.baseline.phase_s["decode"]
+    assert decode_s([256, 60000], True) == pytest.approx(decode_s([60000, 60000], True), rel=1e-6)
+    assert decode_s([256, 60000], False) < 0.9 * decode_s([60000, 60000], False)
+
+
+def test_a_static_shape_engine_prefills_a_batch_at_its_longest_prompt():
+    def prefill_s(prompts, pad):
+        result = simulate({"hardware": "h100-sxm", "model": "llama-3.1-8b",
+                           "workload": {"concurrency": 4, "requests": 4, "prompt_tokens": prompts, "output_tokens": 8},
+                           "scheduler": {"batching": "static", "pad_ragged": pad, "prefill_chunk": 65536}})
+        return result.baseline.phase_s["prefill"]
+    ragged = [128, 256, 512, 8192]
+    assert prefill_s(ragged, True) == pytest.approx(prefill_s([8192] * 4, True), rel=1e-6)
+    assert prefill_s(ragged, False) < 0.5 * prefill_s(ragged, True)
+
+
 def test_decode_only_counts_no_prefill_iteration():
     result = simulate({"hardware": "h100-sxm", "model": "llama-3.1-8b",
                        "scheduler": {"batching": "static", "prefill_chunk": 4096},

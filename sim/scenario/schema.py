@@ -258,8 +258,10 @@ class Scheduler(Strict):
     max_batch: PositiveInt = 256
     prefill_chunk: PositiveInt = 512
     kv_memory_fraction: float = Field(default=0.9, gt=0.0, le=1.0)
-    # Static-shape engines (gpt-fast, profiler live) run every row of a verification forward at the
-    # longest row's token count; ragged-batch engines (vLLM, SGLang) run each row's own tokens.
+    # Static-shape engines (gpt-fast, profiler live) run every row of a forward at the longest row's
+    # token count and attend over the longest row's context (one dense cache tensor, the shorter rows
+    # masked), and prefill the prompts of one forward at the longest prompt's length; ragged-batch
+    # engines (vLLM, SGLang) run each row's own tokens over its own context.
     pad_ragged: bool = False
     # Whether the decoding requests' tokens (their verification's, with speculation) come out of
     # prefill_chunk first, prompts taking what is left: vLLM's max_num_batched_tokens and llama.cpp's

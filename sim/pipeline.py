@@ -255,13 +255,13 @@ class PipelineSimulation:
         ctx_sum = self.ctx_sum
         span, span_sum = self.attended_spans(ctx, ctx_sum)
         if self.speculative:
-            seconds += self.price_drafts(n, span, span_sum, shares, host_context=ctx_sum / n)
+            seconds += self.price_drafts(n, span, span_sum, shares, ctx_sum / n)
             seconds += cost.speculation_overhead(n, self.draft_forward_count, shares)
         if self.partial is not None:
             # Replayed proposal lengths are not applied here: the live engine's drafters always
             # propose k tokens (its n-gram drafter repeats the last token when nothing matches).
             groups = [prefill] if prefill is not None else []
-            seconds += self.plan_partial_verify(n, ctx, groups, plan, shares, span)
+            seconds += self.plan_partial_verify(n, ctx, span, groups, plan, shares)
         else:
             V = self.verify_tokens
             phase = VERIFY if self.speculative else DECODE
@@ -298,13 +298,12 @@ class PipelineSimulation:
         longest = int(ctx.max())
         return np.full(len(ctx), longest, dtype=ctx.dtype), longest * len(ctx)
 
-    def price_drafts(self, n: int, ctx: np.ndarray, ctx_sum: int, shares: list[float],
-                     host_context: float | None = None) -> float:
+    def price_drafts(self, n: int, ctx: np.ndarray, ctx_sum: int, shares: list[float], host_context: float) -> float:
         """The drafter's work for n decoding requests before their verification; ctx: the context
         each row's draft attention reads, host_context: the mean history a host drafter searches."""
         cost, draft = self.cost, self.stacks.draft
         if draft is None:                   # n-gram prompt lookup on the host
-            return cost.host_draft(n, shares, ctx_sum / n if host_context is None else host_context)
+            return cost.host_draft(n, shares, host_context)
         if self.method == "medusa":         # all heads in one forward on the last hidden state
             return cost.forward_uniform(draft, DRAFT, n, 1, ctx_sum, shares)
         if self.track_last:
@@ -324,12 +323,11 @@ class PipelineSimulation:
                                             offloaded_layers=self.draft_offloaded_layers)
         return seconds
 
-    def plan_partial_verify(self, n, ctx, groups, plan, shares, span=None) -> float:
+    def plan_partial_verify(self, n, ctx, span, groups, plan, shares) -> float:
         """SpecPV: split decoding requests into full-attention, partial and full-refresh groups
         (appended to `groups` for the target forward); returns the block re-selection's seconds.
-        span: the context each row's full attention reads (default its own, ctx)."""
+        ctx: each row's own context; span: the context its full attention reads."""
         pv, s, V = self.partial, self.slots, self.verify_tokens
-        span = ctx if span is None else span
         own = len(groups)                  # groups from here on are this method's
         eligible = ctx > pv.static_tokens
         period_reached = (s.since[:n] if pv.period_unit == "tokens" else s.steps_since[:n]) >= pv.period

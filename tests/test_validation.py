@@ -78,6 +78,26 @@ def test_repeats_give_the_measurements_own_error_beside_the_predictions():
     assert not [a for a in aggregate([row("c", "replay")]) if a["prediction"] == "repeats"]
 
 
+def test_served_latencies_are_summarized_over_open_loop_runs_with_their_repeats_floor():
+    from sim.validate.compare import Comparison, aggregate
+
+    def row(run, open_loop, ttft_ms, repeats):
+        return Comparison(run, "ngram", "ngram k=4", 8, 177.0, 26, "replay", 10.0, 10.0, 1.0, 1.0, None, None,
+                          60.0, 60.0, 1.5, 1.5, measured_ttft_p50_ms=ttft_ms, predicted_ttft_p50_ms=110.0,
+                          measured_tpot_p50_ms=50.0, predicted_tpot_p50_ms=50.0, open_loop=open_loop,
+                          repeat_ttft_p50_ms=repeats, repeat_tpot_p50_ms=(50.0, 50.0))
+
+    # A closed loop's TTFT (its queue) is left out of the summary; two repeats give a floor.
+    rows = [row("poisson", True, 100.0, (100.0, 125.0)), row("closed", False, 1000.0, (1000.0, 2000.0))]
+    summary = {(a["prediction"], a["metric"]): a for a in aggregate(rows)}
+    assert summary[("replay", "ttft_p50_ms")]["runs"] == 1
+    assert summary[("replay", "ttft_p50_ms")]["median"] == pytest.approx(0.1)
+    floor = summary[("repeats", "ttft_p50_ms")]
+    assert floor["runs"] == 1 and floor["worst"] == pytest.approx(0.25) and floor["median"] == pytest.approx((0.25 + 0.2) / 2)
+    assert summary[("repeats", "tpot_p50_ms")]["median"] == 0.0
+    assert ("repeats", "tok_s") not in summary                      # throughput's floor takes three repeats
+
+
 def geometric(rng, rate, depth, steps):
     u = rng.random(steps)
     return np.minimum(np.floor(np.log(u) / np.log(rate)), depth).astype(int)

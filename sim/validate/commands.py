@@ -246,7 +246,11 @@ def markdown_tables(rows, command: str) -> str:
     # The aggregate, one row per prediction: each metric's |error| as median (P90, worst) over its runs.
     summary = aggregate(rows)
     metrics = [m for m in (*METRICS, "share") if any(a["metric"] == m for a in summary)]
-    lines += ["", "|error| by prediction: median (P90, worst) over the runs", "",
+    caption = "|error| by prediction: median (P90, worst) over the runs"
+    if served:
+        caption += ("; p50 TTFT and TPOT over the open-loop (Poisson or trace) runs only; `repeats`: each repeat "
+                    "against the median of the others, the measurement's own error")
+    lines += ["", caption, "",
               "| prediction | runs | " + " | ".join(metrics) + " |", "|---|---|" + "---|" * len(metrics)]
     for prediction in dict.fromkeys(a["prediction"] for a in summary):
         mine = {a["metric"]: a for a in summary if a["prediction"] == prediction}

@@ -41,6 +41,8 @@ SHARES = tuple(SHARE_GROUPS)
 PREDICTIONS = ("cost model", "replay", "fitted")
 AT_PROBE = "@ probe"
 METRICS = ("tok_s", "speedup", "decode_speedup", "tpot_ms", "tokens_per_step", "ttft_p50_ms", "tpot_p50_ms")
+# Summarized over open-loop runs only (Poisson or trace arrivals), where their targets are set.
+SERVED_METRICS = ("ttft_p50_ms", "tpot_p50_ms")
 # A fitted acceptance model is a distribution: its prediction is the mean over this many seeded
 # simulations (a run of 1-16 requests is too few to average one draw of per-request rates).
 FITTED_REPLICATIONS = 8
@@ -80,6 +82,11 @@ class Comparison:
     predicted_ttft_p50_ms: float = math.nan
     measured_tpot_p50_ms: float = math.nan
     predicted_tpot_p50_ms: float = math.nan
+    # Arrivals on their own clock (Poisson, trace): the load the p50 TTFT and TPOT targets are set
+    # at (a closed loop's TTFT is mostly its queue). Every repeat's p50s, as repeat_tok_s.
+    open_loop: bool = False
+    repeat_ttft_p50_ms: tuple = ()
+    repeat_tpot_p50_ms: tuple = ()
 
     def error(self, metric: str) -> float | None:
         measured, predicted = getattr(self, f"measured_{metric}"), getattr(self, f"predicted_{metric}")
@@ -94,7 +101,8 @@ class Comparison:
 
     def row(self) -> dict:
         out = {k: v for k, v in asdict(self).items()
-               if k not in ("measured_share", "predicted_share", "repeat_tok_s", "repeat_speedup")}
+               if k not in ("measured_share", "predicted_share", "repeat_tok_s", "repeat_speedup",
+                            "repeat_ttft_p50_ms", "repeat_tpot_p50_ms")}
         for metric in METRICS:
             out[f"{metric}_error"] = self.error(metric)
         for k in SHARES:
@@ -359,7 +367,9 @@ def compare_runs(runs: list[LiveRun], calibration: Path | None, progress: bool =
                     max(run.repeat_tok_s) / min(run.repeat_tok_s) - 1 if run.repeat_tok_s else 0.0, note,
                     run.repeat_tok_s, repeat_speedups(run, baselines),
                     measured_ttft_p50_ms=truth["ttft_p50_ms"], predicted_ttft_p50_ms=guess["ttft_p50_ms"],
-                    measured_tpot_p50_ms=truth["tpot_p50_ms"], predicted_tpot_p50_ms=guess["tpot_p50_ms"]))
+                    measured_tpot_p50_ms=truth["tpot_p50_ms"], predicted_tpot_p50_ms=guess["tpot_p50_ms"],
+                    open_loop=run.open_loop, repeat_ttft_p50_ms=run.repeat_ttft_p50_ms,
+                    repeat_tpot_p50_ms=run.repeat_tpot_p50_ms))
     return comparisons
 
 
@@ -423,16 +433,21 @@ def leave_one_out(values: tuple) -> list[float]:
 
 
 def repeatability(rows: list[Comparison]) -> list[dict]:
-    """The measurement's own error, in the aggregate's form: each repeat of a run (3 or more)
-    against the median of its other repeats, throughput and speedup. A prediction cannot be held to
-    closer than this (a prediction is compared with the median repeat, whose own error is smaller
-    than one repeat's but not zero)."""
+    """The measurement's own error, in the aggregate's form: each repeat of a run against the median
+    of its other repeats. Throughput and speedup from runs of 3 or more repeats; the served p50 TTFT
+    and TPOT of open-loop runs from 2 or more (with two, each against the other). A prediction
+    cannot be held to closer than this (a prediction is compared with the median repeat, whose own
+    error is smaller than one repeat's but not zero)."""
     out = []
-    for metric, field_name in (("tok_s", "repeat_tok_s"), ("speedup", "repeat_speedup")):
+    for metric, field_name, fewest in (("tok_s", "repeat_tok_s", 3), ("speedup", "repeat_speedup", 3),
+                                       ("ttft_p50_ms", "repeat_ttft_p50_ms", 2),
+                                       ("tpot_p50_ms", "repeat_tpot_p50_ms", 2)):
         seen, errors = set(), []
         for r in rows:
             values = getattr(r, field_name)
-            if len(values) >= 3 and r.run not in seen:
+            if metric in SERVED_METRICS and not r.open_loop:
+                continue
+            if len(values) >= fewest and r.run not in seen:
                 seen.add(r.run)
                 errors += leave_one_out(values)
         if errors:
@@ -454,7 +469,8 @@ def aggregate(rows: list[Comparison]) -> list[dict]:
             if prediction.startswith("cost model") and metric == "tokens_per_step":
                 continue            # one token per step by definition
             errors = np.array([abs(r.share_error) if metric == "share" else abs(r.error(metric))
-                               for r in mine if (metric == "share" or r.error(metric) is not None)])
+                               for r in mine if (metric == "share" or r.error(metric) is not None)
+                               and (metric not in SERVED_METRICS or r.open_loop)])
             if errors.size == 0:
                 continue
             out.append({"prediction": prediction, "metric": metric, "runs": int(errors.size),

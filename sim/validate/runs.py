@@ -58,6 +58,9 @@ class LiveRun(RunFolder):
     requests: "object"          # pandas DataFrame, sorted by request
     steps: "object"             # pandas DataFrame of the speculative run's rows
     repeat_tok_s: tuple = ()    # throughput of every repeat of this run (see merge_repeats)
+    # Served continuously: every repeat's median time to first token and per output token (ms).
+    repeat_ttft_p50_ms: tuple = ()
+    repeat_tpot_p50_ms: tuple = ()
 
     @property
     def batch(self) -> int:
@@ -67,6 +70,11 @@ class LiveRun(RunFolder):
     def continuous(self) -> bool:
         """Served by continuous batching (`--serving continuous`), not in static batches."""
         return self.args.get("serving") == "continuous"
+
+    @property
+    def open_loop(self) -> bool:
+        """Requests arrived on their own clock (Poisson or a trace), not when a client's last one ended."""
+        return self.continuous and (self.args.get("rate") is not None or self.args.get("arrivals") is not None)
 
     @property
     def depth(self) -> int:
@@ -191,6 +199,9 @@ def merge_repeats(runs: list[LiveRun]) -> list[LiveRun]:
         by_speed = sorted(group, key=lambda r: -float(r.summary["throughput_tok_s"]))
         median = by_speed[(len(by_speed) - 1) // 2]
         median.repeat_tok_s = tuple(float(r.summary["throughput_tok_s"]) for r in group)
+        if median.continuous:
+            median.repeat_ttft_p50_ms = tuple(float(r.requests.ttft_s.median()) * 1e3 for r in group)
+            median.repeat_tpot_p50_ms = tuple(float(r.requests.tpot_s.dropna().median()) * 1e3 for r in group)
         merged.append(median)
     return merged
 

@@ -58,6 +58,25 @@ def test_the_median_repeat_stands_for_a_run(tmp_path):
     assert len(merge_repeats([repeat(1, 9.0), repeat(2, 10.0, probe=True), repeat(3, 11.0, probe=False)])) == 1
 
 
+def test_repeats_of_a_served_run_keep_each_passs_median_latencies(tmp_path):
+    from sim.validate.runs import ServerRun, merge_repeats
+
+    def served(n, tok_s, ttft_s, rate=0.2):
+        run = synthetic_run(tmp_path / str(n), "ngram-r0.2", [[1, 2], [0, 1]],
+                            extra={"serving": "continuous", "rate": rate, "concurrency": None})
+        run.summary["throughput_tok_s"] = tok_s
+        run.requests["ttft_s"] = ttft_s
+        run.requests["tpot_s"] = [0.05, 0.07]
+        return run
+
+    merged, = merge_repeats([served(1, 10.0, [0.1, 0.3]), served(2, 11.0, [0.2, 0.4])])
+    assert merged.open_loop
+    assert merged.repeat_ttft_p50_ms == pytest.approx((200.0, 300.0)) and merged.repeat_tpot_p50_ms == pytest.approx((60.0, 60.0))
+    # A server's runs are merged by the same rule, without the live engine's latency fields.
+    server = ServerRun(tmp_path / "s" / "ngram-b4", {"arguments": {"batch": 4}}, {"throughput_tok_s": 5.0}, pd.DataFrame())
+    assert merge_repeats([server])[0].repeat_tok_s == (5.0,)
+
+
 def test_repeats_give_the_measurements_own_error_beside_the_predictions():
     from sim.validate.compare import Comparison, aggregate, leave_one_out
 

@@ -199,7 +199,7 @@ def merge_repeats(runs: list[LiveRun]) -> list[LiveRun]:
         by_speed = sorted(group, key=lambda r: -float(r.summary["throughput_tok_s"]))
         median = by_speed[(len(by_speed) - 1) // 2]
         median.repeat_tok_s = tuple(float(r.summary["throughput_tok_s"]) for r in group)
-        if median.continuous:
+        if isinstance(median, LiveRun) and median.continuous:      # a server's runs are compared elsewhere
             median.repeat_ttft_p50_ms = tuple(float(r.requests.ttft_s.median()) * 1e3 for r in group)
             median.repeat_tpot_p50_ms = tuple(float(r.requests.tpot_s.dropna().median()) * 1e3 for r in group)
         merged.append(median)

@@ -58,7 +58,7 @@ def test_the_median_repeat_stands_for_a_run(tmp_path):
     assert len(merge_repeats([repeat(1, 9.0), repeat(2, 10.0, probe=True), repeat(3, 11.0, probe=False)])) == 1
 
 
-def test_repeats_of_a_served_run_keep_each_passs_median_latencies(tmp_path):
+def test_repeats_of_a_served_run_keep_each_pass_median_latencies(tmp_path):
     from sim.validate.runs import ServerRun, merge_repeats
 
     def served(n, tok_s, ttft_s, rate=0.2):

@@ -4,7 +4,8 @@ The scenario: 1,000 requests, closed loop at concurrency 64, Llama-3.1-8B on h10
 with k = 3 and i.i.d. acceptance 0.7; `simulate` runs the speculative run and its baseline, and both
 runs' iterations count. Reported: the best of --repeats timings of the whole `simulate` call
 (scenario validation, request sampling and metrics included) and, separately, of the engine runs
-alone. Run: python benchmarks/bench_sim_iterations.py
+alone; then the same scenario under the goodput policy (k chosen per iteration from 1..3 or off,
+issue 27's target: >= 50,000 iterations/s too). Run: python benchmarks/bench_sim_iterations.py
 """
 from __future__ import annotations
 
@@ -74,6 +75,11 @@ def main() -> None:
             best_s = min(_timed(lambda: run_pipeline(cfg, reqs, stk, mem)) for _ in range(args.repeats))
             us_per_iteration[f"{name}_{label}"] = best_s / iterations_run * 1e6
 
+    goodput = sim.load_scenario({**SCENARIO, "speculation": {**SCENARIO["speculation"], "policy": "goodput"}})
+    goodput_result = sim.simulate(goodput)
+    goodput_iterations = goodput_result.run.iterations + goodput_result.baseline.iterations
+    goodput_s = [_timed(lambda: sim.simulate(goodput)) for _ in range(args.repeats)]
+
     report = {
         "iterations": iterations,
         "simulate_s": min(whole),
@@ -81,6 +87,10 @@ def main() -> None:
         "engine_only_iterations_per_s": iterations / min(engine_only),
         "median_iterations_per_s": iterations / float(np.median(whole)),
         "speedup": result.speedup,
+        "goodput_iterations_per_s": goodput_iterations / min(goodput_s),
+        "goodput_median_iterations_per_s": goodput_iterations / float(np.median(goodput_s)),
+        "goodput_speedup": goodput_result.speedup,
+        "goodput_mean_drafted_k": goodput_result.run.mean_drafted_k,
         "us_per_iteration_best": us_per_iteration,
     }
     print(json.dumps(report, indent=2))

@@ -44,6 +44,11 @@ class AcceptanceModel:
         the requests' global ids, verification steps so far and current context, each [n]."""
         raise NotImplementedError
 
+    def survival(self) -> np.ndarray:
+        """[depth] mean P(accepted >= j), j = 1..depth, over requests and steps: what a goodput
+        policy expects of a step before drawing it."""
+        raise NotImplementedError
+
 
 class ConstantAcceptance(AcceptanceModel):
     uses_rids = False
@@ -60,6 +65,10 @@ class ConstantAcceptance(AcceptanceModel):
         tokens = (np.floor((steps + 1) * m + 0.5) - np.floor(steps * m + 0.5)).astype(np.int64) + 1
         return tokens, int(tokens.sum())
 
+    def survival(self):
+        # Accepted drafts m per step on average, as whole tokens first: position j is kept
+        # entirely below m, for the fraction left at ceil(m).
+        return np.clip(self.accepted_per_step - np.arange(self.depth), 0.0, 1.0)
 
 
 class GeometricAcceptance(AcceptanceModel):
@@ -95,6 +104,8 @@ class GeometricAcceptance(AcceptanceModel):
         self._next = start + n
         return self._pool[start:start + n], int(self._cumsum[start + n] - self._cumsum[start])
 
+    def survival(self):
+        return self.rate ** np.arange(1, self.depth + 1)
 
 
 class SurvivalAcceptance(AcceptanceModel):
@@ -130,6 +141,10 @@ class SurvivalAcceptance(AcceptanceModel):
         tokens = (survival > u[:, None]).sum(axis=1) + 1
         return tokens, int(tokens.sum())
 
+    def survival(self):
+        # Every request's own curve at the reference context, averaged.
+        rates = np.clip(self.rates[None, :] + self.shift[:, None], 0.0, MAX_RATE)
+        return np.cumprod(rates, axis=1).mean(axis=0)
 
 
 class TraceAcceptance(AcceptanceModel):
@@ -151,6 +166,8 @@ class TraceAcceptance(AcceptanceModel):
         tokens = self.flat[self.offsets[trace] + steps % self.lengths[trace]]
         return tokens, int(tokens.sum())
 
+    def survival(self):
+        return recorded_survival(self.flat, self.depth)
 
 
 class ReplayAcceptance(AcceptanceModel):
@@ -179,6 +196,9 @@ class ReplayAcceptance(AcceptanceModel):
     def draw(self, n, rids, steps, context):
         tokens = self.flat[self._index(rids, steps)]
         return tokens, int(tokens.sum())
+
+    def survival(self):
+        return recorded_survival(self.flat, self.depth)
 
     @property
     def verify_tokens(self):
@@ -229,10 +249,18 @@ class DraftShareAcceptance(AcceptanceModel):
             tokens[drafted] = self.inner.draw(int(drafted.sum()), inner_rids, steps[drafted], inner_context)[0]
         return tokens, int(tokens.sum())
 
+    def survival(self):
+        return self.share * self.inner.survival()
+
     @property
     def verify_tokens(self):
         """(rids, step indices) -> tokens each request verifies: depth + 1 where it drafts, else 1."""
         return lambda rids, steps: np.where(self.drafts(rids, steps), self.depth + 1, 1)
+
+
+def recorded_survival(committed: np.ndarray, depth: int) -> np.ndarray:
+    """[depth] share of recorded steps that accepted at least j drafts (committed: accepted + 1)."""
+    return np.array([(committed > j).mean() for j in range(1, depth + 1)])
 
 
 def read_acceptance_trace(path: Path) -> list[np.ndarray]:

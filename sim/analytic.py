@@ -73,7 +73,7 @@ def steady_state(scenario: Scenario | dict | str, context_tokens: int, tokens_pe
         offloaded_layers=base_memory.offloaded_layers)
     k = spec.num_speculative_tokens
     V = spec.verify_tokens
-    verify = cost.step_overhead(1, shares) + cost.forward(
+    verify = cost.step_overhead(1, shares, V) + cost.forward(
         stacks.target, [uniform_group(VERIFY, 1, V, context_tokens + V - 1)], shares,
         offloaded_layers=memory.offloaded_layers)
     if stacks.draft is None:

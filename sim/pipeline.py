@@ -15,6 +15,7 @@ a handful of numpy operations on views, not a loop over requests.
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -25,10 +26,12 @@ from sim.acceptance import AcceptanceModel, disagreement_probability
 from sim.cost.batch import DECODE, DRAFT, FULL, PARTIAL, PHASES, PREFILL, VERIFY, Group, uniform_group
 from sim.cost.memory import MemoryPlan, draft_offloaded_layers
 from sim.cost.stack import Stacks
+from sim.policy import build_policy
 from sim.scenario.schema import Scenario
 from sim.workload import Requests
 
 _INT = np.int64
+BUCKETS_PER_DOUBLING = 8      # goodput re-decides when the context or the prompt chunk moves by ~9%
 
 
 @dataclass
@@ -43,6 +46,8 @@ class RunRecord:
     committed: list[np.ndarray] = field(default_factory=list)  # tokens committed per request-step
     phase_s: list[float] = field(default_factory=lambda: [0.0] * len(PHASES))
     peak_kv_tokens: int = 0
+    # Adaptive policies only: tokens each iteration's requests drafted (0: speculation off).
+    drafted_k: list[int] = field(default_factory=list)
     partial_accepted_tokens: int = 0       # SpecPV: tokens accepted under partial verification
     divergent_tokens: float = 0.0          # expected tokens that differ from full verification
     rolled_back_tokens: int = 0            # SpecPV rectify: tokens discarded at a full verification
@@ -98,10 +103,19 @@ class PipelineSimulation:
         spec = scenario.speculation
         self.speculative = spec.enabled and acceptance is not None
         self.method = spec.method
+        # The most a step verifies: what admission and the KV reservation count on.
         self.verify_tokens = spec.verify_tokens if self.speculative else 1
         self.draft_forwards = spec.draft_depth
-        # Draft forwards a step runs: none for a host drafter, one for Medusa's heads.
-        self.draft_forward_count = 0 if stacks.draft is None else 1 if self.method == "medusa" else self.draft_forwards
+        self.policy = build_policy(spec, acceptance.survival if self.speculative else None)
+        self.adaptive = self.speculative and self.policy.adaptive
+        self.chain = spec.tree is None
+        # This iteration's speculation (a policy changes it per iteration): whether it drafts, its
+        # drafts per request, the tokens each request verifies, and its draft forwards.
+        self.drafting = self.speculative
+        self.step_k = self.policy.max_k
+        self.step_verify_tokens = self.verify_tokens
+        self.step_draft_forwards = self.draft_forwards
+        self.steady_catch_up: tuple[int, int] | None = None   # goodput's pricing (price_decode_steps)
         self.tree_width = spec.tree.tokens_per_draft_forward if spec.tree is not None else 1
         self.partial = spec.partial_verify if self.speculative else None
         self.final_check = self.partial is not None and self.partial.rectify
@@ -181,7 +195,7 @@ class PipelineSimulation:
     def make_room_for_step(self) -> None:
         """Preempt the newest decoding requests (recompute) until this step's KV growth fits."""
         s = self.slots
-        while s.n and self.kv_used_tokens + s.n * self.verify_tokens > self.memory.kv_capacity_tokens:
+        while s.n and self.kv_used_tokens + s.n * self.step_verify_tokens > self.memory.kv_capacity_tokens:
             i = int(np.argmax(s.admit[:s.n]))
             rid, ctx = self.release_slot(i)
             self.generated[rid] = ctx - self.prompt_tokens[rid]
@@ -203,9 +217,10 @@ class PipelineSimulation:
         (its own proposal's length where drafters propose fewer), one without speculation."""
         if n == 0:
             return 0
-        if self.proposal_lengths is not None and not self.pad_ragged:
-            return int(self.proposal_lengths(self.slots.rid[:n], self.slots.steps[:n]).sum())
-        return n * self.verify_tokens
+        if self.proposal_lengths is not None and not self.pad_ragged and self.drafting:
+            lengths = self.proposal_lengths(self.slots.rid[:n], self.slots.steps[:n])
+            return int(np.minimum(lengths, self.step_verify_tokens).sum())
+        return n * self.step_verify_tokens
 
     def prefill_chunks(self, decode_tokens: int = 0) -> list[tuple[list[int], int]]:
         """Share the iteration's prefill token budget among prefilling requests, oldest first
@@ -225,7 +240,7 @@ class PipelineSimulation:
         """Seconds of one engine iteration decoding slots 0..n-1, and the per-request plan the
         commit needs."""
         cost, stacks, s = self.cost, self.stacks, self.slots
-        seconds = cost.step_overhead(n + len(chunks), shares)
+        seconds = cost.step_overhead(n + len(chunks), shares, self.step_verify_tokens if n else 1)
         plan: dict = {}
         prefill = None
         # One prefill group of every chunk (mixed into the decode forward), or a group per chunk
@@ -254,22 +269,32 @@ class PipelineSimulation:
         ctx = s.ctx[:n]
         ctx_sum = self.ctx_sum
         span, span_sum = self.attended_spans(ctx, ctx_sum)
-        if self.speculative:
+        if self.drafting:
             seconds += self.price_drafts(n, span, span_sum, shares, ctx_sum / n)
-            seconds += cost.speculation_overhead(n, self.draft_forward_count, shares)
+            # Draft forwards a step runs: none for a host drafter, one for Medusa's heads.
+            forwards = 0 if stacks.draft is None else 1 if self.method == "medusa" else self.step_draft_forwards
+            seconds += cost.speculation_overhead(n, forwards, shares)
+        elif self.track_last:
+            # Drafting off this step (a policy): a drafter with its own KV still reads the step's
+            # input token, as the target does, so that it can propose again at any step (vLLM's
+            # proposer runs on non-speculative steps too; an EAGLE head needs the target's hidden
+            # state of every token, which no engine keeps for later).
+            seconds += cost.forward_uniform(stacks.draft, DRAFT, n, 1, span_sum, shares, logits_tokens=0, context=span)
         if self.partial is not None:
             # Replayed proposal lengths are not applied here: the live engine's drafters always
             # propose k tokens (its n-gram drafter repeats the last token when nothing matches).
             groups = [prefill] if prefill is not None else []
             seconds += self.plan_partial_verify(n, ctx, span, groups, plan, shares)
         else:
-            V = self.verify_tokens
-            phase = VERIFY if self.speculative else DECODE
-            if self.proposal_lengths is not None:
+            V = self.step_verify_tokens
+            phase = VERIFY if self.drafting else DECODE
+            if self.proposal_lengths is not None and self.drafting:
                 # Steps where a request's drafter proposed fewer tokens (a replayed run, or n-gram
                 # drafting only where the history matches): a static-shape engine pads every row to
                 # the longest proposal; a flattening one (vLLM) verifies each row's own tokens.
                 lengths = self.proposal_lengths(s.rid[:n], s.steps[:n])
+                if V < self.verify_tokens:
+                    lengths = np.minimum(lengths, V)
                 if self.pad_ragged:
                     V = int(lengths.max())
                 else:
@@ -308,12 +333,15 @@ class PipelineSimulation:
             return cost.forward_uniform(draft, DRAFT, n, 1, ctx_sum, shares)
         if self.track_last:
             # A drafter with its own KV first catches up on the tokens the last step committed.
-            seconds = cost.forward_uniform(draft, DRAFT, n, self.verify_tokens, ctx_sum, shares,
-                                           tokens=self.last_sum, logits_tokens=n, context=ctx)
+            behind, behind_sum = self.verify_tokens, self.last_sum
+            if self.steady_catch_up is not None:
+                behind, behind_sum = self.steady_catch_up
+            seconds = cost.forward_uniform(draft, DRAFT, n, behind, ctx_sum, shares,
+                                           tokens=behind_sum, logits_tokens=n, context=ctx)
         else:
             seconds = cost.forward_uniform(draft, DRAFT, n, 1, ctx_sum, shares, context=ctx,
                                            offloaded_layers=self.draft_offloaded_layers)
-        rest = self.draft_forwards - 1
+        rest = self.step_draft_forwards - 1
         if rest:
             # Forward j (1 .. rest) reads j x width drafted tokens besides the context.
             width = self.tree_width
@@ -375,10 +403,14 @@ class PipelineSimulation:
             # A static batch's finished rows run on as padding and commit nothing.
             idle = s.idle[:n] == 1 if self.static else None
             padding = idle is not None and np.count_nonzero(idle)
-            if self.speculative:
+            if self.drafting:
                 committed, grown = self.acceptance.draw(n, s.rid[:n] if self.rids_for_draw else None,
                                                         s.steps[:n] if self.track_steps else None,
                                                         ctx if self.context_for_draw else None)
+                if self.step_verify_tokens < self.verify_tokens and self.chain:
+                    # A chain cut at k keeps its first k drafts: min(accepted, k) of them.
+                    committed = np.minimum(committed, self.step_verify_tokens)
+                    grown = int(committed.sum())
                 if padding:
                     committed = np.where(idle, 0, committed)
                     grown = int(committed.sum())
@@ -391,19 +423,25 @@ class PipelineSimulation:
                 if self.partial is not None:
                     committed = self.apply_partial_verify(n, committed, plan)
                     grown = int(committed.sum())
-            elif padding:
-                committed = np.where(idle, 0, 1)
-                grown = int(committed.sum())
             else:
-                committed = 1
-                grown = n
+                if padding:
+                    committed = np.where(idle, 0, 1)
+                    grown = int(committed.sum())
+                else:
+                    committed = 1
+                    grown = n
+                if self.track_last:
+                    # Drafting off this step: the draft read the step's input token, and is as far
+                    # behind as the target, by the token just committed.
+                    s.last[:n] = 1
+                    self.last_sum = n
             ctx += committed
             self.ctx_sum += grown
             self.kv_used_tokens += grown
             done = ctx >= s.finish[:n]
             if not chunks:
                 record.decode_only_tokens += grown
-                if self.speculative and np.count_nonzero(done):
+                if self.drafting and np.count_nonzero(done):
                     # Output tokens only: a step may commit past a request's last token (only a
                     # request at or past its end can), ctx - max(finish, ctx before the step).
                     ended = ctx[done]
@@ -544,6 +582,63 @@ class PipelineSimulation:
             for i in range(n - 1, -1, -1):
                 self.release_slot(i)
 
+    # ---- the policy ------------------------------------------------------------------------------
+    def choose_speculation(self) -> None:
+        """Set this iteration's drafts per request from the policy (0: a plain decode step)."""
+        n = self.slots.n
+        if n == 0 or (self.static and self.prefilling):
+            self.set_step_k(0)
+            return
+        running = n + len(self.prefilling)
+        # What goodput's choice depends on besides the batch: its mean context and the prompt
+        # tokens riding in the step, each within about 9%.
+        prefill = sum(min(e[2] - e[1], self.prefill_chunk) for e in self.prefilling[:4]) if self.prefilling else 0
+        state = (int(math.log2(self.ctx_sum / n) * BUCKETS_PER_DOUBLING),
+                 int(math.log2(1 + min(prefill, self.prefill_chunk)) * BUCKETS_PER_DOUBLING))
+        self.set_step_k(self.policy.choose_k(running, n, state, self.price_decode_steps))
+
+    def set_step_k(self, k: int) -> None:
+        self.step_k = k
+        self.drafting = k > 0
+        if not self.chain:                      # a tree is drafted whole, or not at all
+            self.step_verify_tokens = self.verify_tokens if k else 1
+            self.step_draft_forwards = self.draft_forwards
+        else:
+            self.step_verify_tokens = k + 1
+            self.step_draft_forwards = k
+
+    def price_decode_steps(self, ks: range) -> list[float]:
+        """Seconds that k drafts per request cost this iteration's decoding requests, for each k
+        in ks, in the steady state of drafting k (goodput's denominators): a plain decode step's,
+        plus what drafting k adds to this iteration with its prompt chunks (verification tokens
+        beside a prefill chunk run at the chunk's compute-bound rate). A drafter with its own KV
+        catches up on the tokens a step at k commits, so a longer k pays at the next step too.
+        The phase shares are not touched."""
+        current, n = self.step_k, self.slots.n
+        scratch = [0.0] * len(PHASES)
+        plain = self.price_with_k(0, (), scratch, n)
+        with_chunks = lambda k: self.price_with_k(k, self.prefill_chunks(self.decode_tokens(n) if self.budget_includes_decode
+                                                                          else 0), scratch, n)
+        chunks_plain = with_chunks(0) if self.prefilling else None
+        seconds = []
+        for k in ks:
+            if k == 0:
+                seconds.append(plain)
+            elif chunks_plain is not None:
+                seconds.append(plain + with_chunks(k) - chunks_plain)
+            else:
+                seconds.append(self.price_with_k(k, (), scratch, n))
+        self.set_step_k(current)
+        return seconds
+
+    def price_with_k(self, k: int, chunks, shares: list[float], n: int) -> float:
+        self.set_step_k(k)
+        if self.track_last and k:
+            self.steady_catch_up = (k + 1, max(int(round(n * self.policy.expected_tokens[k])), n))
+        seconds, _ = self.price_iteration(chunks, shares, n)
+        self.steady_catch_up = None
+        return seconds
+
     # ---- the engine process ---------------------------------------------------------------------
     def serve(self):
         record = self.record
@@ -559,10 +654,14 @@ class PipelineSimulation:
                 yield self.wake
                 self.wake = None
                 continue
-            if self.kv_used_tokens + self.slots.n * self.verify_tokens > self.memory.kv_capacity_tokens:
+            if self.adaptive:
+                self.choose_speculation()
+            if self.kv_used_tokens + self.slots.n * self.step_verify_tokens > self.memory.kv_capacity_tokens:
                 self.make_room_for_step()
             # A static batch decodes only once all its prompts are prefilled (in chunks).
             n = 0 if self.static and self.prefilling else self.slots.n
+            if self.adaptive and n:
+                record.drafted_k.append(self.step_k)
             chunks = ()
             if self.prefilling:
                 chunks = self.prefill_chunks(self.decode_tokens(n) if self.budget_includes_decode else 0)

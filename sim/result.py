@@ -53,6 +53,9 @@ class RunMetrics:
     peak_kv_tokens: int
     peak_batch: int                        # most requests decoding in one iteration
     preemptions: int
+    # Adaptive speculation policies: share of request-steps that drafted, and their mean drafts.
+    drafting_share: float | None = None
+    mean_drafted_k: float | None = None
     goodput_tok_s: float | None = None    # output tokens/s of requests within both SLO thresholds
     slo_attainment: float | None = None   # fraction of requests within both thresholds
     slo_met: bool | None = None           # p90 TTFT and p90 TPOT within their thresholds
@@ -96,6 +99,12 @@ def summarize(record: RunRecord, scenario: Scenario) -> RunMetrics:
         time_share=share, phase_s=phase_s, peak_kv_tokens=record.peak_kv_tokens,
         peak_batch=int(decoding.max()) if decoding.size else 0,
         preemptions=record.preemptions, ttft_s=ttft, tpot_s=tpot)
+    if record.drafted_k:
+        k = np.asarray(record.drafted_k)
+        weights = decoding[decoding > 0]             # the iterations that decoded, as drafted_k
+        drafted = weights[k > 0]
+        metrics.drafting_share = float(drafted.sum() / weights.sum())
+        metrics.mean_drafted_k = float((k[k > 0] * drafted).sum() / drafted.sum()) if drafted.sum() else 0.0
     slo = scenario.slo
     if slo.ttft_ms_p90 is not None or slo.tpot_ms_p90 is not None:
         ok = np.ones(len(outputs), dtype=bool)
@@ -170,6 +179,7 @@ class Result:
             "iterations": run.iterations, "baseline_iterations": base.iterations,
             "peak_kv_gb": self.memory["peak_kv_gb"], "baseline_peak_kv_gb": self.memory["baseline_peak_kv_gb"],
             "preemptions": run.preemptions,
+            "drafting_share": run.drafting_share, "mean_drafted_k": run.mean_drafted_k,
             "peak_batch": run.peak_batch, "baseline_peak_batch": base.peak_batch,
             "goodput_tok_s": run.goodput_tok_s, "baseline_goodput_tok_s": base.goodput_tok_s,
             "slo_attainment": run.slo_attainment, "baseline_slo_attainment": base.slo_attainment,

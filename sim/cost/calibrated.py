@@ -161,7 +161,6 @@ class CalibratedCostModel(RooflineCostModel):
         self.selection_factor = bundle.selection_factor()
         self.step_fixed_s = float(fits.get("step_overhead_s", 0.0))
         self.step_per_request_s = float(fits.get("request_overhead_s", 0.0))
-        self.verify_tokens = scenario.speculation.verify_tokens
         self.model = scenario.model_spec
         self.shadow_bits = scenario.speculation.draft.bits
         self.shadow_bytes = quantized_weight_bytes(scenario.speculation.draft.bits, scenario.speculation.draft.group_size)
@@ -297,11 +296,12 @@ class CalibratedCostModel(RooflineCostModel):
         already hold the measured engine's speculative host work."""
         return 0.0
 
-    def step_overhead(self, requests: int, shares: list[float]) -> float:
-        """The live engine's host time per step (fitted) plus its acceptance of the batch's logits."""
+    def step_overhead(self, requests: int, shares: list[float], verify_tokens: int = 1) -> float:
+        """The live engine's host time per step (fitted) plus its acceptance of the batch's logits,
+        `verify_tokens` per request (1: a plain decode step, whose fit excluded the same term)."""
         seconds = self.step_fixed_s + self.step_per_request_s * requests
         accept = self.bundle.table("accept")
         if accept is not None and requests:
-            seconds += accept(requests, self.verify_tokens)
+            seconds += accept(requests, verify_tokens)
         shares[OVERHEAD] += seconds
         return seconds

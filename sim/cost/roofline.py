@@ -448,7 +448,9 @@ class RooflineCostModel:
         shares[DRAFT] += drafts
         return step + drafts
 
-    def step_overhead(self, requests: int, shares: list[float]) -> float:
+    def step_overhead(self, requests: int, shares: list[float], verify_tokens: int = 1) -> float:
+        """The engine's host work of one iteration over `requests` requests (the preset's per step
+        and per request; verify_tokens does not change it here, only in a calibrated bundle)."""
         seconds = self.engine.step_overhead_s + requests * self.engine.request_overhead_s
         shares[OVERHEAD] += seconds
         return seconds

@@ -186,6 +186,45 @@ class PartialVerify(Strict):
         return self.sink + self.budget + self.window
 
 
+class Goodput(Strict):
+    """k chosen each iteration for the whole batch, to maximize expected committed tokens per second."""
+    allow_off: bool = True            # k = 0 (a plain decode step) is one of the choices
+
+
+POLICIES = ("static", "off_above_batch", "goodput")
+
+
+class Policy(Strict):
+    """How many tokens each iteration drafts: at most one field (none: static, the scenario's k
+    at every step). Written `policy: static`, `policy: goodput`, `policy: {off_above_batch: 8}` or
+    `policy: {goodput: {allow_off: false}}`."""
+    off_above_batch: NonNegativeInt | None = None   # no drafting while more requests than this run
+    goodput: Goodput | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_name(cls, value):
+        if isinstance(value, str):
+            if value == "static":
+                return {}
+            if value == "goodput":
+                return {"goodput": {}}
+            if value == "off_above_batch":
+                raise ValueError("off_above_batch needs a batch size: {off_above_batch: N}")
+            raise ValueError(f"unknown policy {value!r} (known: {', '.join(POLICIES)})")
+        return value
+
+    @model_validator(mode="after")
+    def _check_one(self):
+        if self.off_above_batch is not None and self.goodput is not None:
+            raise ValueError("give at most one of off_above_batch, goodput")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return "off_above_batch" if self.off_above_batch is not None else "goodput" if self.goodput else "static"
+
+
 class Speculation(Strict):
     method: Literal[METHODS] = "none"
     num_speculative_tokens: PositiveInt = 3
@@ -193,12 +232,15 @@ class Speculation(Strict):
     acceptance: Acceptance | None = None
     draft: Draft = Draft()
     partial_verify: PartialVerify | None = None
+    policy: Policy = Policy()
 
     @model_validator(mode="after")
     def _check_method(self):
         if self.method == "none":
             if self.acceptance is not None or self.tree is not None or self.partial_verify is not None:
                 raise ValueError("method none takes no acceptance, tree or partial_verify")
+            if self.policy.kind != "static":
+                raise ValueError(f"policy {self.policy.kind} needs a speculation method")
         elif self.acceptance is None:
             raise ValueError(f"method {self.method} needs acceptance")
         if self.method == "draft_model" and self.draft.model is None:
@@ -213,6 +255,11 @@ class Speculation(Strict):
             if self.acceptance.tokens_per_step > self.max_tokens_per_step:
                 raise ValueError(f"acceptance.tokens_per_step {self.acceptance.tokens_per_step} exceeds "
                                  f"the {self.max_tokens_per_step} a step can commit")
+        if self.policy.kind != "static" and self.partial_verify is not None:
+            raise ValueError(f"policy {self.policy.kind} does not combine with partial_verify "
+                             "(SpecPV verifies at every step)")
+        if self.policy.goodput is not None and self.tree is not None:
+            raise ValueError("policy goodput chooses a chain's k; a tree takes static or off_above_batch")
         if self.acceptance is not None and self.acceptance.per_position is not None:
             if len(self.acceptance.per_position) < self.draft_depth:
                 raise ValueError(f"acceptance.per_position has {len(self.acceptance.per_position)} rates; "

@@ -1,0 +1,83 @@
+"""Speculation policies: how many tokens the engine drafts at each iteration.
+
+- static: every iteration drafts the scenario's k (the default; what engines ship).
+- off_above_batch N: no drafting while more than N requests are in the running batch (decoding or
+  prefilling), the scenario's k otherwise (vLLM's disable-by-batch-size knob).
+- goodput: each iteration drafts the k in 0..K (0 only with allow_off) that maximizes the expected
+  committed tokens per second of its decode step: E[tokens | k] / seconds(k), with E from the
+  acceptance model's mean survival and seconds from the same cost model that prices the step
+  (SmartSpec's goodput). The choice is kept per (decoding requests, the engine's state key: mean
+  context and prompt tokens in the step, each within 9%), so a steady batch is priced K + 1 times,
+  not every iteration.
+
+Truncating a chain at k < K keeps the first k drafted tokens, so a step drafting k accepts
+min(accepted at K, k) tokens: exact for every chain drafter whose proposal of k is the prefix of its
+proposal of K (greedy draft models and heads, prompt lookup).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from sim.scenario.schema import Speculation
+
+
+class SpeculationPolicy:
+    """Answers, before each iteration: how many tokens does each decoding request draft (0: none)?"""
+    kind = "static"
+    adaptive = False
+
+    def __init__(self, max_k: int):
+        self.max_k = max_k
+
+    def choose_k(self, running: int, decoding: int, state: tuple, price_s: Callable[[range], list[float]]) -> int:
+        """running: requests in the batch (decoding or prefilling); decoding: those about to
+        verify; state: what else the step's price depends on, bucketed; price_s(ks): the seconds
+        the decoding requests' step costs at each k of ks."""
+        return self.max_k
+
+
+class OffAboveBatch(SpeculationPolicy):
+    kind = "off_above_batch"
+    adaptive = True
+
+    def __init__(self, max_k: int, batch: int):
+        super().__init__(max_k)
+        self.batch = batch
+
+    def choose_k(self, running, decoding, state, price_s):
+        return 0 if running > self.batch else self.max_k
+
+
+class GoodputPolicy(SpeculationPolicy):
+    kind = "goodput"
+    adaptive = True
+
+    def __init__(self, max_k: int, survival: np.ndarray, allow_off: bool):
+        super().__init__(max_k)
+        # expected_tokens[k]: committed tokens of a step drafting k (accepted drafts + 1).
+        self.expected_tokens = np.concatenate([[1.0], 1.0 + np.cumsum(survival[:max_k])])
+        self.candidates = range(0 if allow_off else 1, max_k + 1)
+        self.chosen: dict[tuple, int] = {}
+
+    def choose_k(self, running, decoding, state, price_s):
+        key = (decoding, state)
+        k = self.chosen.get(key)
+        if k is None:
+            rate = self.expected_tokens[self.candidates.start:] / np.asarray(price_s(self.candidates))
+            k = self.candidates.start + int(np.argmax(rate))
+            self.chosen[key] = k
+        return k
+
+
+def build_policy(spec: Speculation, survival: Callable[[], np.ndarray] | None) -> SpeculationPolicy:
+    """The scenario's policy; survival() gives the acceptance model's mean P(accepted >= j),
+    j = 1..K (asked only by goodput)."""
+    policy = spec.policy
+    k = spec.num_speculative_tokens if spec.tree is None else spec.draft_depth
+    if policy.off_above_batch is not None:
+        return OffAboveBatch(k, policy.off_above_batch)
+    if policy.goodput is not None:
+        return GoodputPolicy(k, survival(), policy.goodput.allow_off)
+    return SpeculationPolicy(k)

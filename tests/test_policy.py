@@ -1,0 +1,174 @@
+"""Speculation policies (issue 27): static is today's engine, off_above_batch switches drafting off
+under load, goodput chooses k per iteration."""
+import copy
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+import sim
+from conftest import REPO
+
+EAGLE = {"hardware": "h100-sxm", "model": "llama-3.1-8b",
+         "speculation": {"method": "eagle", "num_speculative_tokens": 3, "acceptance": {"rate": 0.7}}}
+
+# Results of these scenarios before policies existed (commit e8c1b6b, the roofline cost model):
+# throughput, baseline throughput, p50 TPOT. The static policy must reproduce them to the bit.
+BEFORE_POLICIES = [
+    (EAGLE, (3658.8881405843094, 2244.405677625941, 4.167780476702628)),
+    ({"workload": {"arrival": "poisson", "rate_qps": 20, "requests": 150},
+      "speculation": {"method": "draft_model", "draft": {"model": "llama-3.2-1b"}, "num_speculative_tokens": 4,
+                      "acceptance": {"per_position": [0.8, 0.7, 0.6, 0.5], "request_spread": 0.1}}},
+     (2867.3186320330183, 2796.5347754059535, 4.692259075640014)),
+    ({"scheduler": {"batching": "static", "max_batch": 8}, "workload": {"concurrency": 8, "requests": 64},
+      "speculation": {"method": "ngram", "num_speculative_tokens": 4, "acceptance": {"rate": 0.5, "draft_share": 0.6}}},
+     (1570.2990950059425, 1236.5368125727587, 4.5984362222898785)),
+    ({"speculation": {"method": "eagle3", "tree": {"tokens": 24, "depth": 5}, "acceptance": {"rate": 0.75}}},
+     (2517.7184190490607, 2244.405677625941, 6.0666685649450836)),
+]
+
+
+def with_policy(scenario: dict, policy, **speculation) -> dict:
+    out = copy.deepcopy(scenario)
+    out.setdefault("speculation", {}).update(speculation, policy=policy)
+    return out
+
+
+def summary(result) -> tuple:
+    run = result.run
+    return (run.throughput_tok_s, run.iterations, run.tokens_per_step, run.tpot_ms["p50"], run.ttft_ms["p50"])
+
+
+@pytest.mark.parametrize("scenario,before", BEFORE_POLICIES, ids=["eagle", "draft-model", "ngram-static", "tree"])
+def test_static_policy_reproduces_the_results_before_policies(scenario, before):
+    result = sim.simulate(with_policy(scenario, "static"))
+    assert (result.throughput_tok_s, result.baseline.throughput_tok_s, result.run.tpot_ms["p50"]) == before
+    assert result.run.drafting_share is None
+
+
+@pytest.mark.parametrize("scenario", [s for s, _ in BEFORE_POLICIES], ids=["eagle", "draft-model", "ngram-static", "tree"])
+def test_off_above_batch_at_or_above_the_concurrency_is_static(scenario):
+    # Closed loops of 16 and 8 requests, and a Poisson stream of at most 150: never more than 256 run.
+    static = sim.simulate(with_policy(scenario, "static"))
+    never_off = sim.simulate(with_policy(scenario, {"off_above_batch": 256}))
+    assert summary(never_off) == summary(static)
+    assert never_off.run.drafting_share == 1.0
+
+
+@pytest.mark.parametrize("engine_fields", [{}, {"calibration": str(REPO / "calibration/cpu/smollm2-135m-chat-full"),
+                                                "hardware": "cpu", "model": "smollm2-135m", "dtype": "fp32"}],
+                         ids=["roofline", "calibrated"])
+def test_off_above_batch_below_one_is_the_baseline(engine_fields):
+    # Prompt lookup has no draft KV to keep, so a run that never drafts is the baseline's to the bit.
+    scenario = {**EAGLE, **engine_fields, "workload": {"concurrency": 4, "requests": 12, "prompt_tokens": 40,
+                                                       "output_tokens": 24}}
+    scenario["speculation"] = {"method": "ngram", "num_speculative_tokens": 4, "acceptance": {"rate": 0.5},
+                               "policy": {"off_above_batch": 0}}
+    result = sim.simulate(scenario)
+    assert summary(result) == (
+        result.baseline.throughput_tok_s, result.baseline.iterations, 1.0,
+        result.baseline.tpot_ms["p50"], result.baseline.ttft_ms["p50"])
+    assert result.run.drafting_share == 0.0
+
+
+def test_off_above_batch_drafts_only_while_the_batch_is_small():
+    # A Poisson stream whose batch wanders around 4: drafting off above 4 drafts some steps, not all,
+    # and the steps that draft accept as static ones do.
+    scenario = {**EAGLE, "workload": {"arrival": "poisson", "rate_qps": 5, "requests": 200, "prompt_tokens": 64,
+                                      "output_tokens": {"dist": "lognormal", "mean": 200, "std": 150}}}
+    result = sim.simulate(with_policy(scenario, {"off_above_batch": 4}))
+    static = sim.simulate(scenario)
+    assert 0.2 < result.run.drafting_share < 0.9
+    assert result.run.mean_drafted_k == 3.0
+    assert result.run.tokens_per_step == pytest.approx(static.run.tokens_per_step, rel=0.05)
+    assert result.baseline.throughput_tok_s == static.baseline.throughput_tok_s
+
+
+GOODPUT_CASES = {
+    # (concurrency, acceptance rate, prompt tokens, output tokens, method)
+    "batch 1, high acceptance": (1, 0.8, 64, 512, "eagle"),
+    "batch 16, middling": (16, 0.6, 64, 512, "eagle"),
+    "batch 64, middling": (64, 0.6, 64, 512, "eagle"),
+    "batch 256, low acceptance": (256, 0.4, 64, 256, "eagle"),
+    "draft model, batch 32": (32, 0.7, 128, 256, "draft_model"),
+    "prompt lookup, batch 128": (128, 0.5, 128, 256, "ngram"),
+}
+
+
+SEEDS = (0, 1, 2)
+
+
+@pytest.mark.parametrize("case", GOODPUT_CASES.values(), ids=GOODPUT_CASES)
+def test_goodput_is_never_worse_than_the_best_static_k(case):
+    concurrency, rate, prompt, output, method = case
+    scenario = {**EAGLE, "workload": {"concurrency": concurrency, "requests": max(2 * concurrency, 32),
+                                      "prompt_tokens": prompt, "output_tokens": output}}
+    scenario["speculation"] = {"method": method, "acceptance": {"rate": rate}, "num_speculative_tokens": 5}
+    if method == "draft_model":
+        scenario["speculation"]["draft"] = {"model": "llama-3.2-1b"}
+
+    def speedups(policy, **speculation):
+        return [sim.simulate({**with_policy(scenario, policy, **speculation), "seed": s}).speedup for s in SEEDS]
+
+    # Each setting over three seeds: its mean, and the simulation's own noise, the largest spread
+    # of one setting's speedup over the seeds.
+    static = {k: speedups("static", num_speculative_tokens=k) for k in range(1, 6)}
+    static[0] = speedups({"off_above_batch": 0})       # goodput may switch drafting off too
+    best_k = max(static, key=lambda k: sum(static[k]))
+    goodput = speedups("goodput")
+    noise = max(max(v) - min(v) for v in [*static.values(), goodput])
+    mean = lambda v: sum(v) / len(v)
+    assert mean(goodput) >= mean(static[best_k]) - noise, (best_k, static[best_k], goodput)
+
+
+def test_goodput_switches_drafting_off_when_verification_is_compute_bound():
+    # 256 requests verifying 6 tokens each at acceptance 0.1: drafting cannot pay for its verification.
+    scenario = {**EAGLE, "workload": {"concurrency": 256, "requests": 256, "prompt_tokens": 64, "output_tokens": 128}}
+    scenario["speculation"] = {"method": "eagle", "num_speculative_tokens": 5, "acceptance": {"rate": 0.1}}
+    off = sim.simulate(with_policy(scenario, "goodput"))
+    assert off.run.drafting_share < 0.05
+    assert off.speedup > sim.simulate(scenario).speedup
+    on_only = sim.simulate(with_policy(scenario, {"goodput": {"allow_off": False}}))
+    assert on_only.run.drafting_share == 1.0 and on_only.run.mean_drafted_k == 1.0
+
+
+def test_a_shorter_k_keeps_the_prefix_of_the_replayed_acceptance(tmp_path):
+    # One step in four accepted all 4 drafts, the others none: a step cut at k commits k + 1 or 1,
+    # 1 + k / 4 on average (not the 2 of the whole recorded steps).
+    trace = tmp_path / "trace.csv"
+    trace.write_text("accepted\n" + "4\n0\n0\n0\n" * 25)
+    scenario = {**EAGLE, "workload": {"concurrency": 256, "requests": 256, "prompt_tokens": 64, "output_tokens": 64}}
+    scenario["speculation"] = {"method": "eagle", "num_speculative_tokens": 4, "acceptance": {"trace": str(trace)},
+                               "policy": {"goodput": {"allow_off": False}}}
+    result = sim.simulate(scenario)
+    k = result.run.mean_drafted_k
+    assert k < 4 and result.run.drafting_share == 1.0
+    assert result.run.tokens_per_step == pytest.approx(1 + k / 4, rel=0.05)
+
+
+@pytest.mark.parametrize("policy,message", [
+    ("sometimes", "speculation.policy: unknown policy 'sometimes' (known: static, off_above_batch, goodput)"),
+    ("off_above_batch", "speculation.policy: off_above_batch needs a batch size: {off_above_batch: N}"),
+    ({"off_above_batch": -1}, "speculation.policy.off_above_batch: input should be greater than or equal to 0"),
+    ({"off_above_batch": 4, "goodput": {}}, "speculation.policy: give at most one of off_above_batch, goodput"),
+    ({"goodput": {"every": 3}}, "speculation.policy.goodput.every: unknown field"),
+])
+def test_bad_policy_is_one_line_and_exit_2(tmp_path, policy, message):
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump(with_policy(EAGLE, policy)))
+    proc = subprocess.run([sys.executable, "-m", "sim", "run", str(path)], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and proc.stderr.startswith("error: " + message)
+
+
+@pytest.mark.parametrize("speculation,message", [
+    ({"method": "none", "policy": "goodput"}, "speculation: policy goodput needs a speculation method"),
+    ({"method": "eagle3", "tree": {"tokens": 8, "depth": 3}, "acceptance": {"rate": 0.7}, "policy": "goodput"},
+     "speculation: policy goodput chooses a chain's k"),
+    ({"method": "ngram", "acceptance": {"rate": 0.5}, "partial_verify": {"budget": 256},
+      "policy": {"off_above_batch": 2}}, "speculation: policy off_above_batch does not combine with partial_verify"),
+])
+def test_policy_that_does_not_apply_is_refused(speculation, message):
+    with pytest.raises(sim.InputError, match=message.replace("(", r"\(")):
+        sim.load_scenario({**EAGLE, "speculation": speculation})

@@ -1,4 +1,4 @@
-"""python -m profiler live | campaign | hf-live | serve-live | calibrate | inspect | export-hf (docs/live.md,
+"""python -m profiler live | campaign | positions | hf-live | serve-live | calibrate | inspect | export-hf (docs/live.md,
 docs/architecture.md).
 
 Every argument parser of the profiler is here; each command's arguments become a typed config
@@ -46,6 +46,12 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--partial-sink", type=int, default=32, help="SpecPV: sink tokens always read")
     parser.add_argument("--partial-window", type=int, default=128, help="SpecPV: recent tokens always read")
     parser.add_argument("--block", type=int, default=16, help="SpecPV: selection block, tokens")
+    parser.add_argument("--policy", default="static",
+                        help="how many tokens each step drafts: static (k every step), off_above_batch:N (none while "
+                             "more than N requests run) or goodput (the k of best expected tokens per second, priced "
+                             "by --calibration)")
+    parser.add_argument("--calibration", type=Path, default=None,
+                        help="--policy goodput: the calibration bundle of this machine that prices each step's k")
     parser.add_argument("--batch", type=int, default=1,
                         help="requests per static batch; with --serving continuous, the requests served at once")
     parser.add_argument("--serving", choices=("static", "continuous"), default="static",
@@ -113,6 +119,11 @@ def add_campaign_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--probe", action="store_true",
                         help="time the machine probe before and after every run (about 7 s a run on a 2-core CPU), "
                              "so `sim validate` adds predictions at the machine's speed")
+
+
+def add_positions_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("runs", type=Path, nargs="+", metavar="RUN_DIR", help="live run folders, or campaign folders")
+    parser.add_argument("--out", type=Path, required=True, help="the Parquet table to write")
 
 
 def add_hf_live_arguments(parser: argparse.ArgumentParser) -> None:
@@ -220,6 +231,8 @@ def add_export_hf_arguments(parser: argparse.ArgumentParser) -> None:
 COMMANDS = (
     ("live", "real speculative decoding on a real model, every step recorded", add_live_arguments),
     ("campaign", "the live runs of a validation campaign, the model loaded once", add_campaign_arguments),
+    ("positions", "each live run's drafter's acceptance at every position of its greedy output (for the oracle "
+     "bounds, sim oracle)", add_positions_arguments),
     ("hf-live", "Hugging Face transformers' own generate (prompt lookup), recorded as a live run",
      add_hf_live_arguments),
     ("serve-live", "a real engine's server (vLLM) with and without speculation, driven by a client and recorded",
@@ -272,6 +285,10 @@ def dispatch(args: argparse.Namespace) -> int:
         run_campaign(CampaignConfig(campaign=args.campaign, out=args.out, text=args.text, prompts=args.prompts,
                                     repeats=args.repeats,
                                     only=tuple(args.only) if args.only else None, probe=args.probe))
+    elif args.command == "positions":
+        from profiler.live.positions import write_positions
+
+        return write_positions(args.runs, args.out)
     elif args.command == "hf-live":
         from profiler.blackbox.transformers import run_transformers_live
         from profiler.live.config import LiveConfig

@@ -179,7 +179,10 @@ class ReplayAcceptance(AcceptanceModel):
     uses_steps = True
 
     def __init__(self, accepted: list[np.ndarray], depth: int, rolled_back: list[np.ndarray] | None = None,
-                 drafted: list[np.ndarray] | None = None):
+                 drafted: list[np.ndarray] | None = None, plain_steps: bool = False):
+        # plain_steps: a recorded step that drafted nothing was a plain decode step (a live
+        # policy's), priced as one and not counted among the verification steps.
+        self.plain_steps = plain_steps
         self.depth = depth
         lengths = np.array([max(len(a), 1) for a in accepted])
         self.offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
@@ -198,7 +201,8 @@ class ReplayAcceptance(AcceptanceModel):
         return tokens, int(tokens.sum())
 
     def survival(self):
-        return recorded_survival(self.flat, self.depth)
+        proposed = None if self._verify_tokens is None else self._verify_tokens - 1
+        return recorded_survival(self.flat, self.depth, proposed)
 
     @property
     def verify_tokens(self):
@@ -258,9 +262,18 @@ class DraftShareAcceptance(AcceptanceModel):
         return lambda rids, steps: np.where(self.drafts(rids, steps), self.depth + 1, 1)
 
 
-def recorded_survival(committed: np.ndarray, depth: int) -> np.ndarray:
-    """[depth] share of recorded steps that accepted at least j drafts (committed: accepted + 1)."""
-    return np.array([(committed > j).mean() for j in range(1, depth + 1)])
+def recorded_survival(committed: np.ndarray, depth: int, proposed: np.ndarray | None = None) -> np.ndarray:
+    """[depth] P(accepted >= j) of the recorded steps (committed: accepted + 1). With `proposed`
+    (the drafts each step proposed, fewer than depth at some), position j is judged only on the
+    steps that proposed it: survival is the product of those conditional rates."""
+    accepted = committed - 1
+    if proposed is None:
+        return np.array([(accepted >= j).mean() for j in range(1, depth + 1)])
+    rates = []
+    for j in range(1, depth + 1):
+        reached = (accepted >= j - 1) & (proposed >= j)
+        rates.append((accepted[reached] >= j).mean() if reached.any() else (rates[-1] if rates else 0.0))
+    return np.cumprod(rates)
 
 
 def read_acceptance_trace(path: Path) -> list[np.ndarray]:

@@ -2,10 +2,12 @@
 python -m sim sweep [STUDY.yaml] [--executor local|ray] [--address ADDR] [--workers N] [--resume] [--out DIR]
 python -m sim report RESULTS_DIR [--validation CSV] [--out FILE]
 python -m sim capacity SCENARIO [--set FIELD=VALUE ...] [--tolerance F] [--max-rate QPS] [--json]
+python -m sim recommend SCENARIO [--set FIELD=VALUE ...] [--batches B1,B2,...] [--contexts C1,...] [--max-k K] [--json]
 python -m sim validate RUN_DIR|CAMPAIGN_DIR... [--calibration DIR] [--out DIR] [--docs FILE]
 python -m sim validate --published [CATALOGUE] [--out DIR] [--docs FILE] [--scenarios DIR]
 python -m sim validate --published [CATALOGUE] --fit
 python -m sim fit-acceptance RUN_DIR|CAMPAIGN_DIR... [--vllm FILE ...] -o acceptance.yaml
+python -m sim oracle POSITIONS RUN_DIR|CAMPAIGN_DIR... [--calibration DIR] [--pair A,B ...] [--docs FILE]
 
 run: simulates a scenario with its speculation and without (the baseline), on the same requests and
 seed. --set overrides one field (dotted path, YAML value); --vary runs the scenario once per value
@@ -14,12 +16,17 @@ sweep: runs a study (a grid of scenarios; with no argument, the embedded default
 results.parquet and report.html (docs/scenario.md, "Studies").
 report: rebuilds report.html from a sweep's results.parquet.
 capacity: the highest Poisson request rate meeting the scenario's SLOs, with and without speculation.
+recommend: per load and context, the best static k, goodput k and the oracle bound, and the best
+k per batch size as vLLM's --speculative-config (num_speculative_tokens_per_batch_size) and SGLang's flags.
 validate: predicts each `profiler live` run (or every run of a `profiler campaign` folder), replaying
 its acceptance and with acceptance fitted on the other runs, and reports the errors; with
 --published, predicts the catalogue of published GPU measurements (validation/published) instead
 (docs/validation-published.md); --fit searches the presets' non-datasheet settings on its fit half alone.
 fit-acceptance: per drafter, the acceptance block of a scenario fitted on live runs (or vLLM's
 counters), and SpecPV's disagreement with full verification.
+oracle: from live runs and their drafters' acceptance at every position (profiler positions), the
+predicted speedup of the run's static k, goodput k, Oracle Proposal and Oracle Combine with a second
+drafter on the same prompts.
 
 Every parser of the simulator is here; below this module, functions take typed arguments.
 """
@@ -28,6 +35,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -76,6 +84,18 @@ def build_parser() -> argparse.ArgumentParser:
                           help="stop when the bracket is narrower than this fraction of the rate (default 0.02)")
     capacity.add_argument("--max-rate", type=float, help="highest rate to try, in requests/s")
     capacity.add_argument("--json", action="store_true", help="print JSON instead of a summary")
+    recommend = commands.add_parser("recommend", help="the speculation to run at each load, as vLLM's and SGLang's "
+                                                      "config")
+    recommend.add_argument("scenario", type=Path, help="scenario YAML with a speculation method")
+    recommend.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                           help="override a field (repeatable)")
+    recommend.add_argument("--batches", type=_int_list("--batches"), default=None, metavar="B1,B2,...",
+                           help="batch sizes (closed-loop clients) to try (default 1,2,4,...,256)")
+    recommend.add_argument("--contexts", type=_int_list("--contexts"), default=None, metavar="C1,C2,...",
+                           help="prompt tokens to try (default: the scenario's own)")
+    recommend.add_argument("--max-k", type=int, default=None,
+                           help="longest chain tried (default: the larger of the scenario's k and 6)")
+    recommend.add_argument("--json", action="store_true", help="print JSON instead of a table")
     validate = commands.add_parser("validate", help="predict profiler live runs, or the published GPU "
                                                     "measurements, and report the error")
     validate.add_argument("runs", type=Path, nargs="*", metavar="RUN_DIR",
@@ -101,6 +121,16 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--vllm", type=Path, action="append", default=[], metavar="FILE",
                      help="vLLM speculative decoding counters: a /metrics scrape or JSON lines (repeatable)")
     fit.add_argument("-o", "--out", type=Path, required=True, help="acceptance YAML to write")
+    oracle = commands.add_parser("oracle", help="static, goodput and oracle speedups of live runs, from their "
+                                                "drafters' acceptance at every position")
+    oracle.add_argument("positions", type=Path, metavar="POSITIONS", help="the table written by profiler positions")
+    oracle.add_argument("runs", type=Path, nargs="+", metavar="RUN_DIR", help="live run folders, or campaign folders "
+                                                                               "(their autoregressive runs included)")
+    oracle.add_argument("--calibration", type=Path, help="the bundle that prices the runs (as sim validate)")
+    oracle.add_argument("--pair", action="append", default=[], metavar="A,B",
+                        help="drafter labels (as sim validate prints them) to combine per step, A's pricing "
+                             "(repeatable)")
+    oracle.add_argument("--docs", type=Path, help="a markdown file whose oracle table to replace")
     return parser
 
 
@@ -126,6 +156,13 @@ def dispatch(args: argparse.Namespace) -> int:
         return rebuild_report(args.results, args.validation, args.out)
     if args.command == "capacity":
         return capacity_command(args.scenario, args.overrides, args.tolerance, args.max_rate, args.json)
+    if args.command == "recommend":
+        from sim.recommend import format_recommendation, recommend
+        from sim.result import json_safe
+
+        out = recommend(scenario_with_overrides(args.scenario, args.overrides), args.batches, args.contexts, args.max_k)
+        print(json.dumps(json_safe(out)) if args.json else format_recommendation(out))
+        return 0
     if args.command == "validate":
         from sim.validate.commands import validate, validate_published
 
@@ -149,11 +186,42 @@ def dispatch(args: argparse.Namespace) -> int:
         if not args.runs:
             raise InputError("RUN_DIR", "give run or campaign folders, or --published [CATALOGUE]")
         return validate(args.runs, calibration=args.calibration, out=args.out, docs=args.docs)
+    if args.command == "oracle":
+        from sim.validate.oracle import format_oracle, oracle_rows
+
+        pairs = []
+        for text in args.pair:
+            first, sep, second = text.partition(",")
+            if not sep or not first or not second:
+                raise InputError("--pair", f"expects two drafter labels A,B (got {text!r})")
+            pairs.append((first, second))
+        rows = oracle_rows(args.positions, args.runs, args.calibration, pairs)
+        print(format_oracle(rows))
+        if args.docs is not None:
+            from sim.formats.provenance import repo_relative
+            from sim.validate.commands import update_docs
+
+            command = " ".join(["python -m sim oracle", repo_relative(args.positions),
+                                *(repo_relative(p) for p in args.runs),
+                                *(["--calibration", repo_relative(args.calibration)] if args.calibration else []),
+                                *(f"--pair {shlex.quote(a + ',' + b)}" for a, b in pairs), "--docs",
+                                repo_relative(args.docs)])
+            update_docs(args.docs, "oracle", f"Reproduce: `{command}`\n\n" + format_oracle(rows, markdown=True))
+        return 0
     if args.command == "fit-acceptance":
         from sim.validate.commands import fit_acceptance
 
         return fit_acceptance(args.runs, args.vllm, args.out)
     raise AssertionError(args.command)
+
+
+def _int_list(flag: str):
+    def parse(text: str) -> list[int]:
+        try:
+            return [int(x) for x in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expects integers separated by commas (got {text!r})") from None
+    return parse
 
 
 def scenario_with_overrides(path: Path, overrides: list[str]) -> dict:

@@ -46,8 +46,9 @@ class RunRecord:
     committed: list[np.ndarray] = field(default_factory=list)  # tokens committed per request-step
     phase_s: list[float] = field(default_factory=lambda: [0.0] * len(PHASES))
     peak_kv_tokens: int = 0
-    # Adaptive policies only: tokens each iteration's requests drafted (0: speculation off).
-    drafted_k: list[int] = field(default_factory=list)
+    # Adaptive policies only: tokens each iteration's requests drafted (0: speculation off; the
+    # oracle's: the mean of its rows').
+    drafted_k: list[float] = field(default_factory=list)
     partial_accepted_tokens: int = 0       # SpecPV: tokens accepted under partial verification
     divergent_tokens: float = 0.0          # expected tokens that differ from full verification
     rolled_back_tokens: int = 0            # SpecPV rectify: tokens discarded at a full verification
@@ -116,10 +117,14 @@ class PipelineSimulation:
         self.step_verify_tokens = self.verify_tokens
         self.step_draft_forwards = self.draft_forwards
         self.steady_catch_up: tuple[int, int] | None = None   # goodput's pricing (price_decode_steps)
+        self.predrawn: tuple[np.ndarray, int] | None = None    # the oracle's outcome of this step
         self.tree_width = spec.tree.tokens_per_draft_forward if spec.tree is not None else 1
         self.partial = spec.partial_verify if self.speculative else None
         self.final_check = self.partial is not None and self.partial.rectify
         self.proposal_lengths = getattr(acceptance, "verify_tokens", None) if self.speculative else None
+        # A replayed live run's steps that drafted nothing are plain decode steps (sim validate).
+        self.replayed_plain_steps = self.speculative and getattr(acceptance, "plain_steps", False)
+        self.replayed_plain = False
         self.pad_ragged = scenario.scheduler.pad_ragged
         self.static = scenario.scheduler.batching == "static"
         self.static_end_first = self.static and scenario.scheduler.static_end == "first"
@@ -217,10 +222,23 @@ class PipelineSimulation:
         (its own proposal's length where drafters propose fewer), one without speculation."""
         if n == 0:
             return 0
-        if self.proposal_lengths is not None and not self.pad_ragged and self.drafting:
-            lengths = self.proposal_lengths(self.slots.rid[:n], self.slots.steps[:n])
-            return int(np.minimum(lengths, self.step_verify_tokens).sum())
+        lengths = self.row_verify_tokens(n)
+        if lengths is not None and not self.pad_ragged:
+            return int(lengths.sum())
         return n * self.step_verify_tokens
+
+    def row_verify_tokens(self, n: int) -> np.ndarray | None:
+        """[n] tokens each decoding row verifies this step where rows differ (a drafter that
+        proposes fewer than k at some steps, an oracle proposing what will be accepted), or None
+        when every row verifies step_verify_tokens."""
+        if not self.drafting:
+            return None
+        if self.predrawn is not None:
+            return self.predrawn[0]
+        if self.proposal_lengths is None:
+            return None
+        lengths = self.proposal_lengths(self.slots.rid[:n], self.slots.steps[:n])
+        return np.minimum(lengths, self.step_verify_tokens) if self.step_verify_tokens < self.verify_tokens else lengths
 
     def prefill_chunks(self, decode_tokens: int = 0) -> list[tuple[list[int], int]]:
         """Share the iteration's prefill token budget among prefilling requests, oldest first
@@ -240,7 +258,11 @@ class PipelineSimulation:
         """Seconds of one engine iteration decoding slots 0..n-1, and the per-request plan the
         commit needs."""
         cost, stacks, s = self.cost, self.stacks, self.slots
-        seconds = cost.step_overhead(n + len(chunks), shares, self.step_verify_tokens if n else 1)
+        lengths = self.row_verify_tokens(n) if n else None
+        # A replayed step at which no request drafted (a live policy's plain decode step) is one.
+        drafting = self.drafting and not (self.replayed_plain_steps and lengths is not None and lengths.max() == 1)
+        self.replayed_plain = self.drafting and not drafting       # the commit's tokens/step skips it
+        seconds = cost.step_overhead(n + len(chunks), shares, self.step_verify_tokens if n and drafting else 1)
         plan: dict = {}
         prefill = None
         # One prefill group of every chunk (mixed into the decode forward), or a group per chunk
@@ -269,7 +291,7 @@ class PipelineSimulation:
         ctx = s.ctx[:n]
         ctx_sum = self.ctx_sum
         span, span_sum = self.attended_spans(ctx, ctx_sum)
-        if self.drafting:
+        if drafting:
             seconds += self.price_drafts(n, span, span_sum, shares, ctx_sum / n)
             # Draft forwards a step runs: none for a host drafter, one for Medusa's heads.
             forwards = 0 if stacks.draft is None else 1 if self.method == "medusa" else self.step_draft_forwards
@@ -287,14 +309,13 @@ class PipelineSimulation:
             seconds += self.plan_partial_verify(n, ctx, span, groups, plan, shares)
         else:
             V = self.step_verify_tokens
-            phase = VERIFY if self.drafting else DECODE
-            if self.proposal_lengths is not None and self.drafting:
-                # Steps where a request's drafter proposed fewer tokens (a replayed run, or n-gram
-                # drafting only where the history matches): a static-shape engine pads every row to
-                # the longest proposal; a flattening one (vLLM) verifies each row's own tokens.
-                lengths = self.proposal_lengths(s.rid[:n], s.steps[:n])
-                if V < self.verify_tokens:
-                    lengths = np.minimum(lengths, V)
+            phase = VERIFY if drafting else DECODE
+            if not drafting:
+                V, lengths = 1, None
+            if lengths is not None:
+                # Steps where a request's drafter proposed fewer tokens (a replayed run, n-gram
+                # drafting only where the history matches, an oracle): a static-shape engine pads
+                # every row to the longest proposal; a flattening one (vLLM) verifies each row's own.
                 if self.pad_ragged:
                     V = int(lengths.max())
                 else:
@@ -403,18 +424,23 @@ class PipelineSimulation:
             # A static batch's finished rows run on as padding and commit nothing.
             idle = s.idle[:n] == 1 if self.static else None
             padding = idle is not None and np.count_nonzero(idle)
-            if self.drafting:
-                committed, grown = self.acceptance.draw(n, s.rid[:n] if self.rids_for_draw else None,
-                                                        s.steps[:n] if self.track_steps else None,
-                                                        ctx if self.context_for_draw else None)
-                if self.step_verify_tokens < self.verify_tokens and self.chain:
-                    # A chain cut at k keeps its first k drafts: min(accepted, k) of them.
-                    committed = np.minimum(committed, self.step_verify_tokens)
-                    grown = int(committed.sum())
+            if self.drafting or self.predrawn is not None:
+                if self.predrawn is not None:
+                    # The oracle drew this step's outcome before choosing its proposals.
+                    (committed, grown), self.predrawn = self.predrawn, None
+                else:
+                    committed, grown = self.acceptance.draw(n, s.rid[:n] if self.rids_for_draw else None,
+                                                            s.steps[:n] if self.track_steps else None,
+                                                            ctx if self.context_for_draw else None)
+                    if self.step_verify_tokens < self.verify_tokens and self.chain:
+                        # A chain cut at k keeps its first k drafts: min(accepted, k) of them.
+                        committed = np.minimum(committed, self.step_verify_tokens)
+                        grown = int(committed.sum())
                 if padding:
                     committed = np.where(idle, 0, committed)
                     grown = int(committed.sum())
-                record.committed.append(committed[~idle] if padding else committed)
+                if not self.replayed_plain:
+                    record.committed.append(committed[~idle] if padding else committed)
                 if self.track_steps:
                     s.steps[:n] += 1
                 if self.track_last:
@@ -589,6 +615,15 @@ class PipelineSimulation:
         if n == 0 or (self.static and self.prefilling):
             self.set_step_k(0)
             return
+        if self.policy.kind == "oracle":
+            # Oracle proposal: draw the step's outcome first, then propose exactly what will be
+            # accepted (each row its own accepted drafts; the chain's forwards run to the longest).
+            s = self.slots
+            self.predrawn = self.acceptance.draw(n, s.rid[:n] if self.rids_for_draw else None,
+                                                 s.steps[:n] if self.track_steps else None,
+                                                 s.ctx[:n] if self.context_for_draw else None)
+            self.set_step_k(int(self.predrawn[0].max()) - 1)
+            return
         running = n + len(self.prefilling)
         # What goodput's choice depends on besides the batch: its mean context and the prompt
         # tokens riding in the step, each within about 9%.
@@ -658,10 +693,13 @@ class PipelineSimulation:
                 self.choose_speculation()
             if self.kv_used_tokens + self.slots.n * self.step_verify_tokens > self.memory.kv_capacity_tokens:
                 self.make_room_for_step()
+                if self.predrawn is not None and len(self.predrawn[0]) != self.slots.n:
+                    self.choose_speculation()     # the oracle drew for requests since preempted
             # A static batch decodes only once all its prompts are prefilled (in chunks).
             n = 0 if self.static and self.prefilling else self.slots.n
             if self.adaptive and n:
-                record.drafted_k.append(self.step_k)
+                # The oracle's rows each draft their own accepted count: their mean.
+                record.drafted_k.append(self.step_k if self.predrawn is None else float(self.predrawn[1] / n - 1))
             chunks = ()
             if self.prefilling:
                 chunks = self.prefill_chunks(self.decode_tokens(n) if self.budget_includes_decode else 0)

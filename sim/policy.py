@@ -3,6 +3,10 @@
 - static: every iteration drafts the scenario's k (the default; what engines ship).
 - off_above_batch N: no drafting while more than N requests are in the running batch (decoding or
   prefilling), the scenario's k otherwise (vLLM's disable-by-batch-size knob).
+- oracle: a bound, not a policy: each iteration proposes exactly what its verification will accept
+  (Oracle Proposal), so no drafted token is wasted and no acceptable one is left undrafted.
+- k_by_batch: k from a table of batch-size ranges (vLLM's num_speculative_tokens_per_batch_size),
+  0 switching drafting off; what `sim recommend` writes.
 - goodput: each iteration drafts the k in 0..K (0 only with allow_off) that maximizes the expected
   committed tokens per second of its decode step: E[tokens | k] / seconds(k), with E from the
   acceptance model's mean survival and seconds from the same cost model that prices the step
@@ -22,6 +26,8 @@ import numpy as np
 
 from sim.scenario.schema import Speculation
 
+MAX_BATCH = 1 << 16       # no engine runs more requests at once; k_by_batch's table stops there
+
 
 class SpeculationPolicy:
     """Answers, before each iteration: how many tokens does each decoding request draft (0: none)?"""
@@ -38,6 +44,14 @@ class SpeculationPolicy:
         return self.max_k
 
 
+class OracleProposal(SpeculationPolicy):
+    """A what-if bound, not an engine's policy: each step proposes exactly what will be accepted
+    (the pipeline draws the step's outcome first; every row verifies its accepted drafts + 1, the
+    chain's draft forwards run to the batch's longest). Nothing drafted is ever rejected."""
+    kind = "oracle"
+    adaptive = True
+
+
 class OffAboveBatch(SpeculationPolicy):
     kind = "off_above_batch"
     adaptive = True
@@ -50,14 +64,26 @@ class OffAboveBatch(SpeculationPolicy):
         return 0 if running > self.batch else self.max_k
 
 
+class KByBatch(SpeculationPolicy):
+    kind = "k_by_batch"
+    adaptive = True
+
+    def __init__(self, max_k: int, ranges: list[list[int]]):
+        super().__init__(max_k)
+        # k for every batch size up to the last range's end (at most MAX_BATCH); past it, the last k.
+        self.k_at = [0] + [k for first, last, k in ranges for _ in range(first, min(last, MAX_BATCH) + 1)]
+
+    def choose_k(self, running, decoding, state, price_s):
+        return self.k_at[min(running, len(self.k_at) - 1)]
+
+
 class GoodputPolicy(SpeculationPolicy):
     kind = "goodput"
     adaptive = True
 
     def __init__(self, max_k: int, survival: np.ndarray, allow_off: bool):
         super().__init__(max_k)
-        # expected_tokens[k]: committed tokens of a step drafting k (accepted drafts + 1).
-        self.expected_tokens = np.concatenate([[1.0], 1.0 + np.cumsum(survival[:max_k])])
+        self.expected_tokens = expected_tokens(survival, max_k)
         self.candidates = range(0 if allow_off else 1, max_k + 1)
         self.chosen: dict[tuple, int] = {}
 
@@ -71,6 +97,12 @@ class GoodputPolicy(SpeculationPolicy):
         return k
 
 
+def expected_tokens(survival: np.ndarray, max_k: int) -> np.ndarray:
+    """[max_k + 1] committed tokens of a step drafting k = 0..max_k (accepted drafts + 1), from the
+    mean survival P(accepted >= j), j = 1..max_k."""
+    return np.concatenate([[1.0], 1.0 + np.cumsum(np.asarray(survival, dtype=float)[:max_k])])
+
+
 def build_policy(spec: Speculation, survival: Callable[[], np.ndarray] | None) -> SpeculationPolicy:
     """The scenario's policy; survival() gives the acceptance model's mean P(accepted >= j),
     j = 1..K (asked only by goodput)."""
@@ -78,6 +110,10 @@ def build_policy(spec: Speculation, survival: Callable[[], np.ndarray] | None) -
     k = spec.num_speculative_tokens if spec.tree is None else spec.draft_depth
     if policy.off_above_batch is not None:
         return OffAboveBatch(k, policy.off_above_batch)
+    if policy.k_by_batch is not None:
+        return KByBatch(k, policy.k_by_batch)
     if policy.goodput is not None:
         return GoodputPolicy(k, survival(), policy.goodput.allow_off)
+    if policy.oracle:
+        return OracleProposal(k)
     return SpeculationPolicy(k)

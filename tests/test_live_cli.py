@@ -68,6 +68,15 @@ def test_live_run_writes_steps_requests_summary_outputs_and_meta(tmp_path):
     (["--serving", "continuous", "--rate", "1", "--concurrency", "2"], "--rate: give one of --concurrency, --rate"),
     (["--serving", "continuous", "--arrivals", "nowhere.txt"], "--arrivals: nowhere.txt is not a file"),
     (["--serving", "continuous", "--prefill-chunk", "0"], "--prefill-chunk: must be >= 1 (got 0)"),
+    (["--policy", "sometimes"], "--policy: unknown policy 'sometimes' (known: static, off_above_batch:N, goodput)"),
+    (["--policy", "off_above_batch:x"], "--policy: off_above_batch needs a batch size >= 0"),
+    (["--method", "none", "--policy", "off_above_batch:2"], "--policy: off_above_batch needs a drafter"),
+    (["--policy", "goodput"], "--policy: goodput prices each step's k with a calibration bundle: give --calibration"),
+    (["--policy", "goodput", "--calibration", "nowhere"], "--calibration: nowhere is not a calibration bundle"),
+    (["--calibration", "calibration/cpu/smollm2-135m"], "--calibration: only --policy goodput prices steps"),
+    (["--policy", "goodput", "--tree", "2,2", "--calibration", "calibration/cpu/smollm2-135m"],
+     "--policy: goodput chooses a chain's k"),
+    (["--policy", "off_above_batch:2", "--budget", "16"], "--policy: off_above_batch does not combine with --budget"),
 ])
 def test_bad_live_arguments_are_one_line_and_write_nothing(tmp_path, args, message):
     prompts = tmp_path / "p.jsonl"

@@ -148,11 +148,14 @@ def test_a_shorter_k_keeps_the_prefix_of_the_replayed_acceptance(tmp_path):
 
 
 @pytest.mark.parametrize("policy,message", [
-    ("sometimes", "speculation.policy: unknown policy 'sometimes' (known: static, off_above_batch, goodput)"),
+    ("sometimes", "speculation.policy: unknown policy 'sometimes' (known: static, off_above_batch, k_by_batch, goodput, oracle)"),
     ("off_above_batch", "speculation.policy: off_above_batch needs a batch size: {off_above_batch: N}"),
     ({"off_above_batch": -1}, "speculation.policy.off_above_batch: input should be greater than or equal to 0"),
-    ({"off_above_batch": 4, "goodput": {}}, "speculation.policy: give at most one of off_above_batch, goodput"),
+    ({"off_above_batch": 4, "goodput": {}}, "speculation.policy: give at most one of off_above_batch, k_by_batch, goodput, oracle"),
     ({"goodput": {"every": 3}}, "speculation.policy.goodput.every: unknown field"),
+    ({"k_by_batch": [[1, 4, 3], [6, 8, 1]]}, "speculation.policy: k_by_batch ranges must run from batch 1 without gaps"),
+    ({"k_by_batch": [[1, 4]]}, "speculation.policy.k_by_batch.0: list should have at least 3 items"),
+    ({"k_by_batch": [[1, 4, 7]]}, "speculation: policy k_by_batch drafts up to 7, above num_speculative_tokens 3"),
 ])
 def test_bad_policy_is_one_line_and_exit_2(tmp_path, policy, message):
     path = tmp_path / "scenario.yaml"
@@ -172,3 +175,92 @@ def test_bad_policy_is_one_line_and_exit_2(tmp_path, policy, message):
 def test_policy_that_does_not_apply_is_refused(speculation, message):
     with pytest.raises(sim.InputError, match=message.replace("(", r"\(")):
         sim.load_scenario({**EAGLE, "speculation": speculation})
+
+
+@pytest.mark.parametrize("concurrency", [1, 16])
+def test_oracle_proposal_bounds_every_static_k_for_prompt_lookup(concurrency):
+    # Host drafting costs nothing per draft token, so proposing exactly what will be accepted
+    # verifies no wasted token and misses no accepted one: no static k (nor goodput) beats it.
+    scenario = {**EAGLE, "workload": {"concurrency": concurrency, "requests": 32, "prompt_tokens": 64,
+                                      "output_tokens": 256}}
+    scenario["speculation"] = {"method": "ngram", "acceptance": {"rate": 0.6}, "num_speculative_tokens": 6}
+    oracle = sim.simulate(with_policy(scenario, "oracle"))
+    for k in range(1, 7):
+        static = sim.simulate(with_policy(scenario, "static", num_speculative_tokens=k))
+        assert oracle.speedup >= static.speedup * 0.995, k
+    assert oracle.speedup >= sim.simulate(with_policy(scenario, "goodput")).speedup * 0.995
+    # Every step keeps what it proposed (committed = proposed + 1), and proposes nothing where it
+    # would accept nothing: drafts per step over all steps = tokens per step - 1.
+    run = oracle.run
+    assert run.drafting_share * run.mean_drafted_k == pytest.approx(run.tokens_per_step - 1, rel=0.02)
+    assert run.drafting_share < 1.0
+
+
+def test_oracle_proposal_replays_a_trace_without_wasted_drafts(tmp_path):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("accepted\n" + "4\n0\n1\n" * 30)
+    scenario = {**EAGLE, "workload": {"concurrency": 1, "requests": 4, "prompt_tokens": 64, "output_tokens": 90}}
+    scenario["speculation"] = {"method": "ngram", "num_speculative_tokens": 4, "acceptance": {"trace": str(trace)}}
+    static = sim.simulate(scenario)
+    oracle = sim.simulate(with_policy(scenario, "oracle"))
+    # The same steps, accepted the same: (5 + 1 + 2) / 3 tokens each.
+    assert oracle.run.tokens_per_step == pytest.approx(static.run.tokens_per_step, rel=0.02)
+    assert oracle.run.tokens_per_step == pytest.approx(8 / 3, rel=0.05)
+    assert oracle.throughput_tok_s > static.throughput_tok_s
+
+
+def test_k_by_batch_is_static_where_one_range_covers_every_batch_and_off_where_k_is_0():
+    scenario = {**EAGLE, "workload": {"concurrency": 16, "requests": 64}}
+    static = sim.simulate(with_policy(scenario, "static", num_speculative_tokens=2))
+    ranged = sim.simulate(with_policy(scenario, {"k_by_batch": [[1, 4, 2], [5, 256, 2]]}, num_speculative_tokens=2))
+    assert summary(ranged) == summary(static)
+    # k = 5 once fewer than 9 requests run: only the tail of the closed loop drafts 5.
+    tail = sim.simulate(with_policy(scenario, {"k_by_batch": [[1, 8, 5], [9, 256, 2]]}, num_speculative_tokens=5))
+    assert 2.0 < tail.run.mean_drafted_k < 2.5 and tail.run.drafting_share == 1.0
+    off = sim.simulate(with_policy(scenario, {"k_by_batch": [[1, 8, 3], [9, 256, 0]]}))
+    assert 0.0 < off.run.drafting_share < 0.2        # only the tail, once fewer than 9 requests run
+
+
+def test_recommend_writes_each_batch_best_k_as_vllm_schedule_and_sglang_flags(tmp_path):
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump({**EAGLE, "workload": {"concurrency": 4, "requests": 32, "output_tokens": 96},
+                                    "speculation": {"method": "eagle", "acceptance": {"rate": 0.7}}}))
+    proc = subprocess.run([sys.executable, "-m", "sim", "recommend", str(path), "--batches", "1,4,256", "--max-k", "5",
+                           "--json"], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    out = yaml.safe_load(proc.stdout)
+    cells = {c["batch"]: c for c in out["cells"]}
+    for c in cells.values():
+        best = max(c["static_speedup"].values())
+        assert c["best_speedup"] == max(best, 1.0)
+        assert c["best_k"] == (0 if best < 1.0 else int(max(c["static_speedup"], key=c["static_speedup"].get)))
+        # The schedule runs each batch at its best k: its prediction is the best static one.
+        assert c["schedule_speedup"] == pytest.approx(c["best_speedup"], rel=0.01)
+    assert cells[1]["best_k"] >= cells[256]["best_k"]
+    schedule = out["schedule"]
+    assert schedule[0][0] == 1 and schedule[-1][1] >= 256
+    assert all(a[1] + 1 == b[0] for a, b in zip(schedule, schedule[1:]))
+    vllm = out["vllm"]
+    assert vllm["method"] == "eagle" and vllm["num_speculative_tokens"] == max(k for _, _, k in schedule)
+    assert vllm.get("num_speculative_tokens_per_batch_size", schedule) == schedule
+    k4 = cells[4]["best_k"]
+    assert out["sglang"].endswith(f"--speculative-num-steps {k4} --speculative-eagle-topk 1 "
+                                  f"--speculative-num-draft-tokens {k4 + 1}")
+    text = subprocess.run([sys.executable, "-m", "sim", "recommend", str(path), "--batches", "1,4,256", "--max-k", "5"],
+                          capture_output=True, text=True, cwd=REPO).stdout
+    assert "vLLM: --speculative-config '" in text and "SGLang at batch 4" in text
+
+
+@pytest.mark.parametrize("speculation,flags,message", [
+    ({"method": "none"}, [], "error: speculation.method: recommend compares speculation settings"),
+    ({"method": "eagle", "acceptance": {"tokens_per_step": 2.0}}, [], "error: speculation.acceptance: recommend varies k"),
+    ({"method": "eagle", "acceptance": {"rate": 0.7}}, ["--batches", "0,4"], "error: --batches: batch sizes must be >= 1"),
+    ({"method": "eagle", "acceptance": {"rate": 0.7}}, ["--batches", "a"], "error: argument --batches: expects integers"),
+])
+def test_recommend_bad_input_is_one_line(tmp_path, speculation, flags, message):
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump({**EAGLE, "speculation": speculation}))
+    proc = subprocess.run([sys.executable, "-m", "sim", "recommend", str(path), *flags], capture_output=True, text=True,
+                          cwd=REPO)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith(message), proc.stderr

@@ -44,8 +44,9 @@ def test_report_renders_in_headless_chromium(default_sweep, tmp_path):
     html = default_sweep / "report.html"
     expected = html.read_text().count('class="plotly-graph-div"')
     # heatmaps, partial verification, time shares, latency for 3 panels (SmolLM2 has partial
-    # verification too), the validation parity plot and the published GPU cases' parity plot.
-    assert expected == 14
+    # verification too), static best / goodput / oracle for the 2 Llama panels (EAGLE under both
+    # policies), the validation parity plot and the published GPU cases' parity plot.
+    assert expected == 16
     problems = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)

@@ -111,3 +111,74 @@ def test_bad_serve_specs_are_refused():
         ServeSpec(max_batch=2, arrival_s=(1.0, 0.5)).check(2)
     with pytest.raises(ValueError, match="2 arrival times for 3"):
         ServeSpec(max_batch=2, arrival_s=(0.0, 0.5)).check(3)
+
+
+class _Alternating:
+    """A step policy switching between off, a short chain and the full one: every path a real
+    policy can take, in one run."""
+
+    def __init__(self):
+        self.calls = 0
+        self.seen = []
+
+    def choose_k(self, contexts, running):
+        self.calls += 1
+        return (0, 1, 3)[self.calls % 3]
+
+    def observe(self, records):
+        self.seen += records
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "draft-model"])
+def test_a_policy_changing_k_every_step_keeps_the_output_lossless(setup, drafter):
+    model, prompts, eos, reference = setup
+    # The draft model is a whole copy of the target: with its KV in step it accepts every draft.
+    made = NgramDrafter() if drafter == "ngram" else DraftModelDrafter(small_draft(model, 30))
+    policy = _Alternating()
+    served = serve(model, prompts, NEW_TOKENS, made, ServeSpec(max_batch=3, prefill_chunk=48, concurrency=5),
+                   k=3, eos_id=eos, policy=policy)
+    assert served.outputs == reference
+    drafted = {s.drafted for s in served.steps}
+    assert drafted == {0, 1, 3}
+    assert {s.mode for s in served.steps if s.drafted == 0} == {"decode"}
+    assert policy.seen == served.steps
+    if drafter == "draft-model":
+        # It reads the steps that draft nothing, so the steps after them accept all their drafts
+        # (up to the requests' ends); a draft that skipped them would miss a token of its KV.
+        full = [s for s in served.steps if s.drafted and s.committed == s.drafted + 1]
+        assert all(s.accepted == s.drafted for s in served.steps if s.drafted and s.committed > s.accepted)
+        assert len(full) > len(served.steps) / 3
+        blind = DraftModelDrafter(small_draft(model, 30))
+        blind.follow = lambda model, alive: None
+        skipped = serve(model, prompts, NEW_TOKENS, blind, ServeSpec(max_batch=3, prefill_chunk=48, concurrency=5),
+                        k=3, eos_id=eos, policy=_Alternating())
+        assert skipped.outputs == reference
+        assert sum(s.accepted for s in skipped.steps) < sum(s.accepted for s in served.steps)
+
+
+def test_off_above_batch_and_goodput_policies_on_the_engine(setup):
+    from pathlib import Path
+
+    from profiler.engine.policy import Goodput, OffAboveBatch
+    from sim.step_price import DecodeStepPricer
+
+    model, prompts, eos, reference = setup
+    spec = ServeSpec(max_batch=3, prefill_chunk=48, concurrency=5)
+    off = serve(model, prompts, NEW_TOKENS, NgramDrafter(), spec, k=3, eos_id=eos, policy=OffAboveBatch(3, 1))
+    assert off.outputs == reference
+    # More than one request runs until the last one drains: only the tail drafts.
+    modes = [s.mode for s in off.steps]
+    assert "decode" in modes and "verify" in modes
+    assert all(s.drafted in (0, 3) for s in off.steps)
+
+    bundle = Path(__file__).resolve().parents[1] / "calibration/cpu/smollm2-135m-chat-full"
+    scenario = {"hardware": "cpu", "model": "smollm2-135m", "dtype": "fp32", "calibration": str(bundle),
+                "speculation": {"method": "ngram", "num_speculative_tokens": 3, "acceptance": {"rate": 0.5},
+                                "policy": "goodput"},
+                "scheduler": {"pad_ragged": True, "prefill_forward": "per_request", "max_batch": 3}}
+    goodput = Goodput(3, DecodeStepPricer(scenario, 3, 400))
+    served = serve(model, prompts, NEW_TOKENS, NgramDrafter(), spec, k=3, eos_id=eos, policy=goodput)
+    assert served.outputs == reference
+    # The estimate moved from its prior toward what the steps showed.
+    assert not (goodput.survival() == Goodput(3, None).survival()).all()
+    assert all(0 <= s.drafted <= 3 for s in served.steps)

@@ -365,6 +365,27 @@ def test_smoke_campaign_end_to_end_replays_and_fits(tmp_path):
                 "speculation": {"method": "ngram", "num_speculative_tokens": 4, "acceptance": block}}
     assert simulate(scenario).run.tokens_per_step > 1.0           # the fitted block is a valid scenario block
 
+    # The oracle bounds: prompt lookup's acceptance at every position of the greedy output, whose
+    # walk at k = 4 gives back every step the run recorded, then the what-ifs priced.
+    positions = tmp_path / "positions.parquet"
+    proc = subprocess.run([sys.executable, "-m", "profiler", "positions", out, "--out", positions], cwd=REPO,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "ngram-c256-b2: " in proc.stdout and "its own steps replayed 100.0%" in proc.stdout
+    table = pd.read_parquet(positions)
+    assert set(table.run) == {"ngram-c256-b2"} and table.accepted.between(0, 8).all()
+    oracle_docs = tmp_path / "oracle.md"
+    oracle_docs.write_text("<!-- validation:oracle:begin -->\n<!-- validation:oracle:end -->\n")
+    proc = subprocess.run([sys.executable, "-m", "sim", "oracle", positions, out, "--docs", oracle_docs], cwd=REPO,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    header, row = proc.stdout.splitlines()[:2]
+    values = dict(zip(header.split()[3:], row.split()[3:]))
+    # The walk is the run's own steps: the same prediction as replaying them.
+    assert float(values["static"]) == pytest.approx(float(values["replay"]), rel=1e-6)
+    assert float(values["oracle"]) >= float(values["static"])
+    assert "Reproduce: `python -m sim oracle " in oracle_docs.read_text()
+
 
 def test_static_shape_padding_makes_mixed_specpv_steps_cost_more():
     def makespan(pad):

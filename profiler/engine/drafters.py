@@ -57,6 +57,11 @@ class Drafter:
         """The target's cache of `rows` rows exists; requests will take and leave its rows."""
         self.prepare(model, [], max_seq)
 
+    def follow(self, model: Llama, alive: list) -> None:
+        """A step that drafts nothing (a policy turned drafting off): a drafter with its own KV
+        reads the step's input tokens, as the target does, so that it can draft at any later step.
+        Nothing for drafters sharing the target's KV."""
+
     def prefill(self, chunks: list[list[int]], start: int, first_row: int) -> None:
         """The target just prefilled these prompt tokens, at positions start.. of rows first_row..
         (own caches only)."""
@@ -207,6 +212,14 @@ class DraftModelDrafter(ModelDrafter):
 
     def keep_rows(self, model, rows):
         self.draft.keep_rows(rows)
+
+    def follow(self, model, alive):
+        # As a drafting step's first forward: the token before the root (a fully accepted last draft
+        # the draft never ran) and the root.
+        device = model.lm_head.weight.device
+        pos = torch.tensor([[r.position - 1, r.position] for r in alive], device=device)
+        tokens = torch.tensor([r.history[-2:] for r in alive], device=device)
+        self.draft(tokens, pos, mask=causal_mask(pos, int(pos.max()) + 1))
 
     def move_kv(self, rows, source, target):
         self.draft.move_kv(rows, source, target)

@@ -33,6 +33,7 @@ import torch
 from profiler.engine.drafters import Drafter
 from profiler.engine.model import Llama
 from profiler.engine.partial import PartialSpec
+from profiler.engine.policy import StepPolicy
 from profiler.engine.speculative import (Generation, RequestState, Sampler, device_sync, output_complete, refeed_room,
                                          run_step)
 from profiler.engine.tree import TreeShape
@@ -89,24 +90,28 @@ def poisson_arrivals(requests: int, rate_per_s: float, seed: int) -> tuple[float
 def speculative_generate(model: Llama, prompts: list[list[int]], max_new_tokens: int, drafter: Drafter | None,
                          k: int = 4, eos_id: int | None = None, sampler: Sampler | None = None,
                          tree: TreeShape | None = None, partial: PartialSpec | None = None,
-                         use_kernels: bool | None = None) -> Generation:
+                         use_kernels: bool | None = None, policy: StepPolicy | None = None) -> Generation:
     """Generation of every prompt as one static batch (prefilled in one forward, decoded until its
     last request finishes, each request leaving the step it finishes), greedy (or sampled with
     `sampler`); speculative when `drafter` is given, drafting a chain of k or `tree`; SpecPV
     partial verification with `partial`. use_kernels: verification attention by kernels.attention
     (default: on CUDA; on the CPU it needs TRITON_INTERPRET=1 and runs the Triton code
-    interpreted, for tests)."""
+    interpreted, for tests); policy: the drafts each step (profiler.engine.policy)."""
     B = len(prompts)
     return serve(model, prompts, max_new_tokens, drafter, ServeSpec(max_batch=B, static=True, concurrency=B), k, eos_id,
-                 sampler, tree, partial, use_kernels)
+                 sampler, tree, partial, use_kernels, policy)
 
 
 @torch.inference_mode()
 def serve(model: Llama, prompts: list[list[int]], max_new_tokens: int, drafter: Drafter | None, spec: ServeSpec,
           k: int = 4, eos_id: int | None = None, sampler: Sampler | None = None, tree: TreeShape | None = None,
-          partial: PartialSpec | None = None, use_kernels: bool | None = None) -> Served:
-    """Serve every prompt as `spec` says; greedy (or sampled), speculative when `drafter` is given."""
+          partial: PartialSpec | None = None, use_kernels: bool | None = None, policy: StepPolicy | None = None) -> Served:
+    """Serve every prompt as `spec` says; greedy (or sampled), speculative when `drafter` is given,
+    drafting k per step (or `tree`) or what `policy` chooses each step (a chain of up to k, or
+    none: a plain decode step)."""
     spec.check(len(prompts))
+    if policy is not None and (drafter is None or partial is not None):
+        raise ValueError("a speculation policy needs a drafter and no partial verification")
     if partial is not None and partial.rectify and sampler is not None:
         raise ValueError("rectify re-checks greedy choices; it takes no temperature")
     shape = (tree or TreeShape(1, k)) if drafter is not None else None
@@ -160,11 +165,23 @@ def serve(model: Llama, prompts: list[list[int]], max_new_tokens: int, drafter: 
             time.sleep(max(spec.arrival_s[upcoming] - clock(), 0.0))
             continue
         iteration += 1
+        running = len(alive) + len(prefilling)
         joining = _prefill(model, drafter, prefilling, spec, sampler, iteration, out)
         if alive:
             step += 1
-            out.steps += run_step(model, alive, drafter, shape, sampler, partial, max_new_tokens, eos_id, step,
-                                  use_kernels, start)
+            step_drafter, step_shape = drafter, shape
+            if policy is not None:
+                k_now = policy.choose_k([r.position for r in alive], running)
+                if k_now == 0:
+                    step_drafter, step_shape = None, None
+                    drafter.follow(model, alive)
+                elif tree is None and k_now != shape.depth:
+                    step_shape = TreeShape(1, k_now)
+            records = run_step(model, alive, step_drafter, step_shape, sampler, partial, max_new_tokens, eos_id, step,
+                               use_kernels, start)
+            if policy is not None:
+                policy.observe(records)
+            out.steps += records
         sync()
         now = clock()
         for i in reversed(range(len(alive))):

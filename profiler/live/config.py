@@ -37,6 +37,8 @@ class LiveConfig(BaseModel):
     partial_sink: int = 32               # SpecPV: sink tokens always read
     partial_window: int = 128            # SpecPV: recent tokens always read
     block: int = 16                      # SpecPV: selection block, tokens
+    policy: str = "static"               # static, off_above_batch:N or goodput: k per step (sim's speculation.policy)
+    calibration: Path | None = None      # goodput: the bundle whose cost model prices each step's k
     batch: int = 1                       # requests per static batch; continuous: cache rows (requests at once)
     serving: Literal["static", "continuous"] = "static"   # static batches, or continuous batching with arrivals
     concurrency: int | None = None       # continuous: closed-loop clients (default: batch)
@@ -65,11 +67,23 @@ class LiveConfig(BaseModel):
         """The settings as meta.json records them (`arguments`): paths relative to the repository;
         no prompts file in long-context mode, which cuts its prompts from `text`."""
         values = self.model_dump(mode="json")
-        for name in ("tokenizer", "prompts", "text", "arrivals", "out"):
+        for name in ("tokenizer", "prompts", "text", "arrivals", "calibration", "out"):
             values[name] = repo_relative(getattr(self, name))
         if self.context is not None:
             values["prompts"] = None
         return values
+
+
+def parse_policy(text: str) -> tuple[str, int | None]:
+    """--policy: `static`, `off_above_batch:N` (N >= 0) or `goodput`, as (kind, N)."""
+    if text in ("static", "goodput"):
+        return text, None
+    kind, _, value = text.partition(":")
+    if kind == "off_above_batch":
+        if value.isdigit():
+            return kind, int(value)
+        raise InputError("--policy", f"off_above_batch needs a batch size >= 0: off_above_batch:N (got {text!r})")
+    raise InputError("--policy", f"unknown policy {text!r} (known: static, off_above_batch:N, goodput)")
 
 
 def check_config(settings: LiveConfig) -> None:
@@ -111,6 +125,21 @@ def check_config(settings: LiveConfig) -> None:
         raise InputError("--rectify", "needs --budget (partial verification)")
     if settings.tree is not None and settings.method == "none":
         raise InputError("--tree", "needs a drafter (--method other than none)")
+    kind, _ = parse_policy(settings.policy)
+    if kind != "static":
+        if settings.method == "none":
+            raise InputError("--policy", f"{kind} needs a drafter (--method other than none)")
+        if settings.budget is not None:
+            raise InputError("--policy", f"{kind} does not combine with --budget (SpecPV verifies at every step)")
+    if kind == "goodput":
+        if settings.tree is not None:
+            raise InputError("--policy", "goodput chooses a chain's k; a tree takes static or off_above_batch")
+        if settings.calibration is None:
+            raise InputError("--policy", "goodput prices each step's k with a calibration bundle: give --calibration")
+        if not (settings.calibration / "meta.json").is_file():
+            raise InputError("--calibration", f"{settings.calibration} is not a calibration bundle (no meta.json)")
+    elif settings.calibration is not None:
+        raise InputError("--calibration", "only --policy goodput prices steps with a bundle")
     if settings.out.exists():
         raise InputError("--out", f"{settings.out} exists; give a new folder")
 

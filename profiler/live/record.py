@@ -57,6 +57,9 @@ def summarize_run(speculative, baseline, settings: LiveConfig) -> dict:
         return tokens / sum(gen.wall_s for _, gen in runs)
 
     records = [s for _, gen in speculative for s in gen.steps]
+    # Tokens per step counts verification steps, as the simulator does: a policy's plain decode
+    # steps (drafting off) are not among them.
+    verified = [s for s in records if s.mode != "decode"] if settings.method != "none" else records
     steps = list(_one_per_step(speculative))
     # A batch step's target forward is charged to its mode (verify / partial / full), or to
     # "mixed" when its requests verified in different modes.
@@ -78,8 +81,12 @@ def summarize_run(speculative, baseline, settings: LiveConfig) -> dict:
                "batch": settings.batch, "serving": settings.serving,
                "requests": sum(len(gen.outputs) for _, gen in speculative),
                "throughput_tok_s": throughput(speculative),
-               "tokens_per_step": sum(s.committed for s in records) / len(records) if records else None,
+               "tokens_per_step": sum(s.committed for s in verified) / len(verified) if verified else None,
                "time_share": {k: v / total for k, v in seconds.items() if v > 0} if total else {}}
+    if settings.policy != "static":
+        summary["policy"] = settings.policy
+        summary["drafting_share"] = len(verified) / len(records) if records else None
+        summary["mean_drafted_k"] = sum(s.drafted for s in verified) / len(verified) if verified else 0.0
     if settings.budget is not None:
         summary["partial_verification"] = {
             "budget": settings.budget, "period": settings.period, "period_unit": settings.period_unit, "rectify": settings.rectify,

@@ -8,7 +8,7 @@ a run folder (sim/formats/run_folder.py) atomically: a temporary folder renamed 
 from __future__ import annotations
 
 from profiler.calibrate.probe import measure_probe
-from profiler.live.config import LiveConfig, check_config
+from profiler.live.config import LiveConfig, check_config, parse_policy
 from profiler.live.prompts import long_context_prompts, read_prompts
 from profiler.live.record import write_run
 from sim.errors import InputError
@@ -81,7 +81,53 @@ def read_arrival_times(path, requests: int) -> tuple[float, ...]:
     return tuple(times)
 
 
-def run_batches(model, prompts: list[list[int]], settings: LiveConfig, drafter, eos_id, label: str):
+def make_policy(settings: LiveConfig, config, prompts: list[list[int]]):
+    """The engine's speculation policy (None: static, k at every step)."""
+    from profiler.engine.policy import Goodput, OffAboveBatch
+
+    kind, batch = parse_policy(settings.policy)
+    if kind == "off_above_batch":
+        return OffAboveBatch(settings.k, batch)
+    if kind != "goodput":
+        return None
+    from sim.formats.bundle import load_bundle
+    from sim.scenario.presets.models import preset_with_shape
+    from sim.step_price import DecodeStepPricer
+
+    preset = preset_with_shape(config.__dict__)
+    if preset is None:
+        raise InputError("--model", f"goodput prices steps with a simulator preset; none has {config.name}'s dimensions")
+    try:
+        bundle = load_bundle(settings.calibration)
+    except (OSError, ValueError, KeyError) as exc:
+        raise InputError("--calibration", f"cannot read {settings.calibration} ({exc})") from None
+    longest = max(len(p) for p in prompts) + settings.max_new_tokens + settings.k + 1
+    scenario = {"hardware": bundle.meta["device"].get("hardware", "cpu"), "model": preset, "dtype": settings.dtype,
+                "calibration": str(settings.calibration),
+                "speculation": {"method": settings.method, "num_speculative_tokens": settings.k,
+                                "acceptance": {"rate": 0.5}, "policy": "goodput", **draft_settings(settings, longest)},
+                # The engine lays a step's rows out at the longest (profiler.engine.speculative).
+                "scheduler": {"pad_ragged": True, "prefill_forward": "per_request", "max_batch": settings.batch}}
+    return Goodput(settings.k, DecodeStepPricer(scenario, settings.batch, longest))
+
+
+def draft_settings(settings: LiveConfig, longest: int) -> dict:
+    """The scenario's `draft` block for the run's drafter (what pricing its forwards needs); the
+    engine's streaming self-draft masks its cache instead of compacting it, so it reads all
+    `longest` tokens (as sim/validate/compare.py prices it)."""
+    if settings.method == "shadow":
+        return {"draft": {"bits": settings.bits, "group_size": settings.group_size}}
+    if settings.method == "layerskip":
+        return {"draft": {"exit_layer": settings.exit_layer}}
+    if settings.method == "streaming":
+        return {"draft": {"kv_budget": max(longest, settings.sink + 1), "sink": settings.sink}}
+    if settings.method == "draft_model":
+        raise InputError("--policy", "goodput does not price a draft model's forwards yet (no simulator preset is "
+                                     "tied to --draft-model); use ngram, shadow, layerskip or streaming")
+    return {}
+
+
+def run_batches(model, prompts: list[list[int]], settings: LiveConfig, drafter, eos_id, label: str, policy=None):
     import torch
     from tqdm import tqdm
 
@@ -103,13 +149,13 @@ def run_batches(model, prompts: list[list[int]], settings: LiveConfig, drafter, 
 
         spec = serve_spec(settings, prompts)
         return [(0, serve(model, prompts, settings.max_new_tokens, drafter, spec, k=settings.k, eos_id=eos_id,
-                          sampler=sampler, tree=tree, partial=partial))]
+                          sampler=sampler, tree=tree, partial=partial, policy=policy))]
     runs = []
     batches = range(0, len(prompts), settings.batch)
     for first in tqdm(batches, desc=label, unit="batch", disable=len(batches) < 2, leave=False):
         runs.append((first, speculative_generate(model, prompts[first:first + settings.batch], settings.max_new_tokens,
                                                  drafter, k=settings.k, eos_id=eos_id, sampler=sampler, tree=tree,
-                                                 partial=partial)))
+                                                 partial=partial, policy=policy)))
     return runs
 
 
@@ -165,8 +211,9 @@ def run_live(settings: LiveConfig, models: dict | None = None, quiet: bool = Fal
     if settings.budget is not None and settings.budget >= longest:
         raise InputError("--budget", f"{settings.budget} is not below the context ({longest} prompt tokens)")
     drafter = make_drafter(settings, model, dtype)
+    policy = make_policy(settings, config, prompts) if drafter is not None else None
     probe = {"before": measure_probe(model, config, settings.device, settings.seed)} if settings.probe else None
-    speculative = run_batches(model, prompts, settings, drafter, tok.eos_id, settings.method)
+    speculative = run_batches(model, prompts, settings, drafter, tok.eos_id, settings.method, policy)
     baseline = None
     if settings.baseline or settings.check_lossless:
         baseline = (speculative if settings.method == "none"

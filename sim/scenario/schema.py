@@ -191,15 +191,22 @@ class Goodput(Strict):
     allow_off: bool = True            # k = 0 (a plain decode step) is one of the choices
 
 
-POLICIES = ("static", "off_above_batch", "goodput")
+POLICIES = ("static", "off_above_batch", "k_by_batch", "goodput", "oracle")
+BatchRange = Annotated[list[NonNegativeInt], Field(min_length=3, max_length=3)]
 
 
 class Policy(Strict):
     """How many tokens each iteration drafts: at most one field (none: static, the scenario's k
-    at every step). Written `policy: static`, `policy: goodput`, `policy: {off_above_batch: 8}` or
-    `policy: {goodput: {allow_off: false}}`."""
+    at every step). Written `policy: static`, `policy: goodput`, `policy: oracle`,
+    `policy: {off_above_batch: 8}`, `policy: {k_by_batch: [[1, 4, 5], [5, 32, 2], [33, 256, 0]]}`
+    or `policy: {goodput: {allow_off: false}}`."""
     off_above_batch: NonNegativeInt | None = None   # no drafting while more requests than this run
+    # [first batch, last batch, k] ranges (inclusive; batch: requests in the running batch), the
+    # first from 1, sorted, without gaps; past the last range its k holds. vLLM's
+    # num_speculative_tokens_per_batch_size.
+    k_by_batch: Annotated[list[BatchRange], Field(min_length=1)] | None = None
     goodput: Goodput | None = None
+    oracle: bool = False      # a bound: each step proposes exactly what will be accepted
 
     @model_validator(mode="before")
     @classmethod
@@ -209,20 +216,36 @@ class Policy(Strict):
                 return {}
             if value == "goodput":
                 return {"goodput": {}}
+            if value == "oracle":
+                return {"oracle": True}
             if value == "off_above_batch":
                 raise ValueError("off_above_batch needs a batch size: {off_above_batch: N}")
+            if value == "k_by_batch":
+                raise ValueError("k_by_batch needs ranges: {k_by_batch: [[1, LAST, K], [LAST + 1, ..., K2], ...]}")
             raise ValueError(f"unknown policy {value!r} (known: {', '.join(POLICIES)})")
         return value
 
     @model_validator(mode="after")
     def _check_one(self):
-        if self.off_above_batch is not None and self.goodput is not None:
-            raise ValueError("give at most one of off_above_batch, goodput")
+        if sum((self.off_above_batch is not None, self.k_by_batch is not None, self.goodput is not None,
+                self.oracle)) > 1:
+            raise ValueError("give at most one of off_above_batch, k_by_batch, goodput, oracle")
+        if self.k_by_batch is not None:
+            expected = 1
+            for first, last, _ in self.k_by_batch:
+                if first != expected or last < first:
+                    raise ValueError(f"k_by_batch ranges must run from batch 1 without gaps or overlaps "
+                                     f"(expected [{expected}, last >= {expected}, k], got [{first}, {last}, ...])")
+                expected = last + 1
         return self
 
     @property
     def kind(self) -> str:
-        return "off_above_batch" if self.off_above_batch is not None else "goodput" if self.goodput else "static"
+        if self.off_above_batch is not None:
+            return "off_above_batch"
+        if self.k_by_batch is not None:
+            return "k_by_batch"
+        return "goodput" if self.goodput else "oracle" if self.oracle else "static"
 
 
 class Speculation(Strict):
@@ -258,8 +281,13 @@ class Speculation(Strict):
         if self.policy.kind != "static" and self.partial_verify is not None:
             raise ValueError(f"policy {self.policy.kind} does not combine with partial_verify "
                              "(SpecPV verifies at every step)")
-        if self.policy.goodput is not None and self.tree is not None:
-            raise ValueError("policy goodput chooses a chain's k; a tree takes static or off_above_batch")
+        if self.policy.kind in ("goodput", "oracle", "k_by_batch") and self.tree is not None:
+            raise ValueError(f"policy {self.policy.kind} chooses a chain's k; a tree takes static or off_above_batch")
+        if self.policy.k_by_batch is not None:
+            most = max(k for _, _, k in self.policy.k_by_batch)
+            if most > self.num_speculative_tokens:
+                raise ValueError(f"policy k_by_batch drafts up to {most}, above num_speculative_tokens "
+                                 f"{self.num_speculative_tokens} (the most a step drafts)")
         if self.acceptance is not None and self.acceptance.per_position is not None:
             if len(self.acceptance.per_position) < self.draft_depth:
                 raise ValueError(f"acceptance.per_position has {len(self.acceptance.per_position)} rates; "

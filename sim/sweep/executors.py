@@ -66,6 +66,7 @@ def result_row(point: Point, result) -> dict:
         "budget": None if pv is None else pv.budget, "period": None if pv is None else pv.period,
         "period_unit": None if pv is None else pv.period_unit, "rectify": None if pv is None else pv.rectify,
         "settings": settings_label(s), "seed": s.seed,
+        "policy": spec.policy.kind if spec.enabled else None, "mean_drafted_k": run.mean_drafted_k,
         "throughput_tok_s": run.throughput_tok_s, "baseline_throughput_tok_s": base.throughput_tok_s,
         "speedup": result.speedup, "decode_speedup": result.decode_speedup,
         "speedup_band": None if result.speedup_band is None else result.speedup_band.half_width,
@@ -116,6 +117,11 @@ def settings_label(s) -> str:
         parts.append(f"draft KV {spec.draft_kv_window}")
     if spec.method == "layerskip":
         parts.append(f"exit {spec.draft.exit_layer}")
+    if spec.policy.kind != "static":
+        policy = spec.policy
+        parts[0] = {"off_above_batch": f"k={spec.num_speculative_tokens}, off above batch {policy.off_above_batch}",
+                    "k_by_batch": f"k by batch {policy.k_by_batch}", "goodput": f"goodput k ≤ {spec.num_speculative_tokens}",
+                    "oracle": f"oracle k ≤ {spec.num_speculative_tokens}"}[policy.kind]
     pv = spec.partial_verify
     if pv is not None:
         parts.append(f"budget {pv.budget}, period {pv.period}{'' if pv.period_unit == 'tokens' else ' steps'}"

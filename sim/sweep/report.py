@@ -17,48 +17,11 @@ import numpy as np
 import pandas as pd
 
 from sim.formats.names import PHASES
+from sim.sweep.policy_figure import policy_gap_figure
+from sim.sweep.frames import (METHOD_COLORS, PHASE_COLORS, best_settings, context_label, eligible, within_divergence,
+                              y_axis_of)
 from sim.validate.parity import parity_figure
 from sim.validate.published.report import halves_text, published_figure, read_published
-
-METHOD_COLORS = ["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880",
-                 "#ff97ff", "#fecb52"]
-PHASE_COLORS = dict(zip(PHASES, ["#8c8c8c", "#1f77b4", "#2ca02c", "#17becf", "#9467bd", "#ff7f0e", "#d62728",
-                                 "#e377c2", "#bcbd22"]))
-
-
-def context_label(tokens) -> str:
-    if tokens is None or (isinstance(tokens, float) and math.isnan(tokens)):
-        return "mixed"
-    tokens = int(tokens)
-    return f"{tokens // 1024}K" if tokens >= 1024 and tokens % 1024 == 0 else str(tokens)
-
-
-def within_divergence(frame: pd.DataFrame, max_divergence: float) -> pd.Series:
-    """Whether each point's quality cost is acceptable: lossless, or diverging from full
-    verification on at most `max_divergence` of output tokens."""
-    div = frame["divergence_rate"].astype(float)
-    return div.isna() | (div <= max_divergence)
-
-
-def eligible(frame: pd.DataFrame, max_divergence: float) -> pd.DataFrame:
-    return frame[within_divergence(frame, max_divergence)]
-
-
-def best_settings(frame: pd.DataFrame, by: list[str], metric: str = "speedup") -> pd.DataFrame:
-    """Per cell of `by`, the row with the highest `metric` (ties: the first in study order)."""
-    if frame.empty:
-        return frame
-    ranked = frame.assign(_order=np.arange(len(frame))).sort_values([metric, "_order"], ascending=[False, True])
-    return ranked.drop_duplicates(by).drop(columns="_order")
-
-
-def y_axis_of(frame: pd.DataFrame) -> str:
-    """The load axis of a panel: closed-loop batch, else Poisson rate, else (traces) requests."""
-    for name in ("batch", "rate_qps"):
-        if frame[name].notna().any():
-            return name
-    return "requests"
-
 
 # ---- figures ---------------------------------------------------------------------------------------
 
@@ -349,6 +312,11 @@ def build_report(frame: pd.DataFrame, provenance: dict, validation: pd.DataFrame
 
     if "panel" not in frame:     # a table from before panels were recorded
         frame = frame.assign(panel=frame["group"] + " on " + frame["hardware"])
+    for name, sub in frame.groupby("panel", sort=False):
+        figures.append(("policies", name, policy_gap_figure(sub, f"Static best, goodput and oracle: {name}", max_div)))
+    if "policy" in frame:
+        # The oracle is a bound, not a configuration: no heatmap, share, cost or recommendation.
+        frame = frame[frame.policy != "oracle"]
     panels = list(frame.groupby("panel", sort=False))
     for name, sub in panels:
         figures.append(("heatmaps", name, heatmap_figure(sub, f"Speedup over no speculation: {name}", max_div)))
@@ -387,6 +355,11 @@ def build_report(frame: pd.DataFrame, provenance: dict, validation: pd.DataFrame
          f"workload without speculation; lossy settings only within {max_div:.1%} divergence, and ⚠ where every "
          "setting diverges more). Red cells, outlined and marked ▼, are where speculation hurts. Hover for the "
          "settings, decode-only speedup and TPOT."),
+        ("policies", "Static best, goodput and oracle",
+         "For the drafters the study also ran under a goodput policy (k chosen each iteration from the "
+         "acceptance and cost models) and as the Oracle Proposal bound (each step proposes exactly what it "
+         "accepts): the best static k's speedup per load, goodput's and the oracle's. The oracle is a bound, "
+         "not a configuration: it appears nowhere else in this report."),
         ("partial", "Partial verification: budget and period",
          "SpecPV-style partial verification: speedup (left) and the quality cost, the share of output tokens "
          "that differ from what full verification would have produced (right), against the partial-KV budget, "

@@ -87,6 +87,7 @@ class Comparison:
     open_loop: bool = False
     repeat_ttft_p50_ms: tuple = ()
     repeat_tpot_p50_ms: tuple = ()
+    policy: str = "static"              # the run's `--policy`
 
     def error(self, metric: str) -> float | None:
         measured, predicted = getattr(self, f"measured_{metric}"), getattr(self, f"predicted_{metric}")
@@ -102,7 +103,7 @@ class Comparison:
     def row(self) -> dict:
         out = {k: v for k, v in asdict(self).items()
                if k not in ("measured_share", "predicted_share", "repeat_tok_s", "repeat_speedup",
-                            "repeat_ttft_p50_ms", "repeat_tpot_p50_ms")}
+                            "repeat_ttft_p50_ms", "repeat_tpot_p50_ms", "policy")}
         for metric in METRICS:
             out[f"{metric}_error"] = self.error(metric)
         for k in SHARES:
@@ -146,6 +147,9 @@ def speculation_of(run: LiveRun, acceptance: dict, disagreement: dict | None) ->
         # scenario is a self-draft whose window covers the whole context.
         longest = int((run.requests.prompt_tokens + run.requests.output_tokens).max()) + run.depth + 1
         spec["draft"] = {"kv_budget": max(longest, int(a["sink"]) + 1), "sink": int(a["sink"])}
+    if run.policy != "static":
+        kind, _, batch = run.policy.partition(":")
+        spec["policy"] = {"off_above_batch": int(batch)} if kind == "off_above_batch" else kind
     if run.partial:
         spec["partial_verify"] = {
             "budget": int(a["budget"]), "sink": int(a["partial_sink"]), "window": int(a["partial_window"]),
@@ -211,9 +215,11 @@ def batch_scenarios(run: LiveRun, calibration: Path | None, speculation: dict | 
 # ---- predictions ----------------------------------------------------------------------------------
 
 def predict(run: LiveRun, calibration: Path | None, prediction: str, fitted: dict | None = None,
-            disagreement: dict | None = None) -> dict:
+            disagreement: dict | None = None, steps_of=None, policy=None) -> dict:
     """Predicted metrics of a run: prediction "cost model" (autoregressive), "replay" or "fitted"
-    (with `fitted`, the drafter's acceptance block, and `disagreement` for SpecPV)."""
+    (with `fitted`, the drafter's acceptance block, and `disagreement` for SpecPV). What-ifs
+    (sim/validate/oracle.py): `steps_of(rids)` gives the accepted drafts of each request's steps to
+    replay instead of the run's own, and `policy` the scenario's speculation.policy."""
     from sim.simulate import simulate
 
     speculation = None
@@ -224,6 +230,11 @@ def predict(run: LiveRun, calibration: Path | None, prediction: str, fitted: dic
             speculation = speculation_of(run, placeholder, disagreement)
         else:
             speculation = speculation_of(run, fitted, disagreement)
+        if policy is not None:
+            speculation["policy"] = policy
+        elif prediction == "replay" and steps_of is None:
+            # Replay follows the run's own drafts step by step (a policy's choices included).
+            speculation.pop("policy", None)
     totals = {"seconds": 0.0, "base_seconds": 0.0, "prefill": 0.0, "base_prefill": 0.0, "tokens": 0,
               "requests": 0, "steps": 0, "committed": 0}
     tpots, phases = [], {}
@@ -235,6 +246,11 @@ def predict(run: LiveRun, calibration: Path | None, prediction: str, fitted: dic
             build = None
             if run.speculative and prediction == "replay":
                 build = replay_builder(run, rids)
+                if steps_of is not None:
+                    from sim.acceptance import ReplayAcceptance
+
+                    accepted = steps_of(rids)
+                    build = lambda config, n, rng, accepted=accepted: ReplayAcceptance(accepted, run.depth)  # noqa: E731
             # Every batch and replication draws its own requests' rates.
             result = simulate({**scenario, "seed": scenario["seed"] + 7919 * replication + index}, acceptance=build)
             metrics, base = result.run, result.baseline
@@ -272,12 +288,14 @@ def replay_builder(run: LiveRun, rids: list[int]):
     """The acceptance factory that replays these requests of the run step by step."""
     from sim.acceptance import ReplayAcceptance
 
-    steps = per_request_steps(run, rids)
+    # A policy's run replays its own choices: every step, those that drafted nothing as plain steps.
+    policy = run.every_step is not None
+    steps = per_request_steps(run, rids, every_step=policy)
     rectify = run.partial and bool(run.args.get("rectify"))
-    short = any((d < run.depth).any() for d in steps["drafted"]) and not run.args.get("tree")
+    short = policy or (any((d < run.depth).any() for d in steps["drafted"]) and not run.args.get("tree"))
     return lambda config, n, rng: ReplayAcceptance(steps["accepted"], run.depth,
                                                    steps["rolled_back"] if rectify else None,
-                                                   steps["drafted"] if short else None)
+                                                   steps["drafted"] if short else None, plain_steps=policy)
 
 
 def decode_tok_s(run: LiveRun) -> float | None:
@@ -369,7 +387,7 @@ def compare_runs(runs: list[LiveRun], calibration: Path | None, progress: bool =
                     measured_ttft_p50_ms=truth["ttft_p50_ms"], predicted_ttft_p50_ms=guess["ttft_p50_ms"],
                     measured_tpot_p50_ms=truth["tpot_p50_ms"], predicted_tpot_p50_ms=guess["tpot_p50_ms"],
                     open_loop=run.open_loop, repeat_ttft_p50_ms=run.repeat_ttft_p50_ms,
-                    repeat_tpot_p50_ms=run.repeat_tpot_p50_ms))
+                    repeat_tpot_p50_ms=run.repeat_tpot_p50_ms, policy=run.policy))
     return comparisons
 
 
@@ -476,6 +494,15 @@ def aggregate(rows: list[Comparison]) -> list[dict]:
             out.append({"prediction": prediction, "metric": metric, "runs": int(errors.size),
                         "median": float(np.median(errors)), "p90": float(np.percentile(errors, 90)),
                         "worst": float(errors.max())})
+    # Runs under a speculation policy (`--policy`), apart: what issue 27's targets are about.
+    for prediction in PREDICTIONS[1:]:
+        mine = [r for r in rows if r.prediction == prediction and r.policy != "static"]
+        for metric in ("tok_s", "speedup") if mine else ():
+            errors = np.array([abs(r.error(metric)) for r in mine if r.error(metric) is not None])
+            if errors.size:
+                out.append({"prediction": f"{prediction}, policy runs", "metric": metric, "runs": int(errors.size),
+                            "median": float(np.median(errors)), "p90": float(np.percentile(errors, 90)),
+                            "worst": float(errors.max())})
     return out + repeatability(rows)
 
 

@@ -46,14 +46,21 @@ MIN_RATE = 1e-4
 
 def rates_from_counts(at_least: np.ndarray) -> list[float]:
     """Conditional per-position rates from counts of steps with accepted >= j, j = 0..depth."""
+    return conditional_rates(np.asarray(at_least[:-1], dtype=float), np.asarray(at_least[1:], dtype=float))
+
+
+def conditional_rates(reached: np.ndarray, kept: np.ndarray) -> list[float]:
+    """Per-position rates r_j = kept_j / reached_j (steps that accepted position j over those that
+    proposed it with every earlier draft accepted); a position no step reached takes the one before."""
     rates = []
-    for j in range(1, len(at_least)):
-        rates.append(float(at_least[j] / at_least[j - 1]) if at_least[j - 1] > 0 else (rates[-1] if rates else 0.0))
+    for r, k in zip(reached, kept):
+        rates.append(float(k / r) if r > 0 else (rates[-1] if rates else 0.0))
     return rates
 
 
-def request_rates(accepted: np.ndarray, depth: int) -> tuple[float, int]:
-    """A request's per-token rate (geometric MLE over its steps) and its trials."""
+def request_rates(accepted: np.ndarray, depth: np.ndarray | int) -> tuple[float, int]:
+    """A request's per-token rate (geometric MLE over its steps) and its trials; depth: the drafts
+    each step proposed (a step that accepted all of them saw no rejection)."""
     trials = int(accepted.sum() + (accepted < depth).sum())
     return (float(accepted.sum() / trials) if trials else 0.0), trials
 
@@ -61,7 +68,7 @@ def request_rates(accepted: np.ndarray, depth: int) -> tuple[float, int]:
 def fit_drafter(runs: list[LiveRun]) -> dict:
     """The acceptance block of one drafter from its runs (all with the same depth)."""
     depth = runs[0].depth
-    at_least = np.zeros(depth + 1)
+    reached, kept = np.zeros(depth), np.zeros(depth)   # per position j: steps that reached it, accepted it
     rates, trials, contexts = [], [], []
     steps = 0
     for run in runs:
@@ -70,15 +77,20 @@ def fit_drafter(runs: list[LiveRun]) -> dict:
         half = float(run.args.get("max_new_tokens") or 0) / 2
         prompt = dict(zip(run.requests.request, run.requests.prompt_tokens + half))
         for rid, frame in run.steps.groupby("request"):
-            accepted = np.minimum(frame.sort_values("step").accepted.to_numpy(np.int64), depth)
+            frame = frame.sort_values("step")
+            accepted = np.minimum(frame.accepted.to_numpy(np.int64), depth)
+            # Drafts the step proposed: fewer than the depth where a policy chose a shorter k, and
+            # position j then tells nothing (censored), not a rejection.
+            proposed = np.minimum(frame.drafted.to_numpy(np.int64), depth) if "drafted" in frame else depth
             steps += len(accepted)
-            at_least += [(accepted >= j).sum() for j in range(depth + 1)]
-            rate, n = request_rates(accepted, depth)
+            reached += [((accepted >= j - 1) & (proposed >= j)).sum() for j in range(1, depth + 1)]
+            kept += [((accepted >= j) & (proposed >= j)).sum() for j in range(1, depth + 1)]
+            rate, n = request_rates(accepted, proposed)
             if n:
                 rates.append(rate)
                 trials.append(n)
                 contexts.append(prompt.get(rid, 0))
-    pooled = np.array(rates_from_counts(at_least))
+    pooled = np.array(conditional_rates(reached, kept))
     rates, trials, contexts = np.array(rates), np.array(trials, float), np.array(contexts, float)
     spread = 0.0
     slope = 0.0

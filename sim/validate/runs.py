@@ -58,6 +58,8 @@ class LiveRun(RunFolder):
     requests: "object"          # pandas DataFrame, sorted by request
     steps: "object"             # pandas DataFrame of the speculative run's rows
     repeat_tok_s: tuple = ()    # throughput of every repeat of this run (see merge_repeats)
+    # A policy's run (`--policy`): every step, its plain decode steps (drafted 0) included.
+    every_step: "object" = None
     # Served continuously: every repeat's median time to first token and per output token (ms).
     repeat_ttft_p50_ms: tuple = ()
     repeat_tpot_p50_ms: tuple = ()
@@ -85,6 +87,11 @@ class LiveRun(RunFolder):
     @property
     def partial(self) -> bool:
         return self.args.get("budget") is not None
+
+    @property
+    def policy(self) -> str:
+        """`--policy`: static, off_above_batch:N or goodput."""
+        return self.args.get("policy") or "static"
 
     @property
     def context_tokens(self) -> float:
@@ -169,9 +176,16 @@ def read_run(run_dir: Path) -> "LiveRun | ServerRun":
         raise InputError("RUN_DIR", f"{run_dir}: meta.json or summary.json is not a live run's")
     if meta.get("engine") in SERVER_ENGINES:
         return ServerRun(run_dir, meta, summary, requests)
+    every_step = None
     if len(steps):
         steps = steps[steps.run == "speculative"]
-    return LiveRun(run_dir, meta, summary, requests, steps)
+        if summary["method"] != "none":
+            # A policy's steps that drafted nothing (`--policy`) are plain decode steps: acceptance
+            # is read from the verification steps only, as the simulator draws it; replay takes all.
+            if (meta["arguments"].get("policy") or "static") != "static":
+                every_step = steps
+            steps = steps[steps["mode"] != "decode"]
+    return LiveRun(run_dir, meta, summary, requests, steps, every_step=every_step)
 
 
 def read_runs(paths: list[Path]) -> list[LiveRun]:
@@ -223,10 +237,12 @@ def measured_baseline_tok_s(run: LiveRun, baselines: dict[tuple, LiveRun]) -> fl
     return float(base.summary["throughput_tok_s"]) if base is not None else None
 
 
-def per_request_steps(run: LiveRun, requests) -> dict[str, list[np.ndarray]]:
-    """Per request (in the given order), at each verification step: accepted drafts, tokens
-    rolled back (SpecPV rectify) and drafted tokens."""
-    steps = run.steps_of(requests)
+def per_request_steps(run: LiveRun, requests, every_step: bool = False) -> dict[str, list[np.ndarray]]:
+    """Per request (in the given order), at each verification step (with `every_step`, a policy
+    run's plain decode steps too, drafted 0): accepted drafts, tokens rolled back (SpecPV rectify)
+    and drafted tokens."""
+    steps = run.steps_of(requests) if not every_step else \
+        run.every_step[run.every_step.request.isin(list(requests))].sort_values(["request", "step"])
     groups = {rid: frame for rid, frame in steps.groupby("request", sort=False)}
     out: dict[str, list[np.ndarray]] = {"accepted": [], "rolled_back": [], "drafted": []}
     for rid in requests:

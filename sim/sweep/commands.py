@@ -165,6 +165,8 @@ def summary_text(frame: pd.DataFrame, timing: dict, out: Path) -> str:
              f"{timing['seconds']:.1f} s on {timing['workers']} {timing['executor']} workers",
              f"wrote {out / 'results.parquet'} and {out / 'report.html'}"]
     spec = frame[frame.speculation != "none"]
+    if "policy" in spec:
+        spec = spec[spec.policy != "oracle"]      # a bound, not a configuration
     for panel, sub in spec.groupby("panel", sort=False):
         best = sub.loc[sub["speedup"].idxmax()]
         hurts = int((sub["speedup"] < 1).sum())

@@ -16,6 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from profiler.engine.speculative import StepRecord
+from sim.policy import expected_tokens
 
 # Prior of each position's conditional acceptance: 0.9 as if seen once. Optimistic, so that goodput
 # drafts a position before it has evidence against it.
@@ -62,8 +63,7 @@ class Goodput(StepPolicy):
     def choose_k(self, contexts, running):
         survival = self.survival()
         seconds = self.pricer.seconds(contexts, survival)
-        tokens = np.concatenate([[1.0], 1.0 + np.cumsum(survival)])
-        rate = tokens[self.first:] / seconds[self.first:]
+        rate = expected_tokens(survival, self.max_k)[self.first:] / seconds[self.first:]
         return self.first + int(np.argmax(rate))
 
     def observe(self, records):

@@ -297,8 +297,12 @@ def read_acceptance_trace(path: Path) -> list[np.ndarray]:
 
 def build_acceptance(scenario: Scenario, requests: int, rng: np.random.Generator) -> AcceptanceModel:
     spec = scenario.speculation
-    a: Acceptance = spec.acceptance
-    model = base_acceptance(a, spec.draft_depth, requests, rng)
+    return build_acceptance_model(spec.acceptance, spec.draft_depth, requests, rng)
+
+
+def build_acceptance_model(a: Acceptance, depth: int, requests: int, rng: np.random.Generator) -> AcceptanceModel:
+    """The model of one drafter's acceptance: its steps' draws, with its draft share."""
+    model = base_acceptance(a, depth, requests, rng)
     if a.draft_share < 1.0:
         return DraftShareAcceptance(model, a.draft_share, int(rng.integers(2 ** 63)))
     return model

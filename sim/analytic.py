@@ -72,7 +72,7 @@ def steady_state(scenario: Scenario | dict | str, context_tokens: int, tokens_pe
         base_stacks.target, [uniform_group(DECODE, 1, 1, context_tokens)], shares,
         offloaded_layers=base_memory.offloaded_layers)
     k = spec.num_speculative_tokens
-    V = spec.verify_tokens
+    V = k + 1                                  # a chain of k (a route or combine drafter aside)
     verify = cost.step_overhead(1, shares, V) + cost.forward(
         stacks.target, [uniform_group(VERIFY, 1, V, context_tokens + V - 1)], shares,
         offloaded_layers=memory.offloaded_layers)

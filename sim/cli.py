@@ -310,6 +310,8 @@ def format_summary(result) -> str:
     mem = result.memory
     lines.append(f"  memory          {mem['resident_layers']} layers resident, {mem['offloaded_layers']} offloaded "
                  f"(baseline {mem['baseline_offloaded_layers']}); peak KV {mem['peak_kv_gb']:.2f} GB")
+    if spec.enabled and spec.policy.kind != "static":
+        lines.append(f"  policy          {policy_line(spec.policy, run)}")
     if run.goodput_tok_s is not None:
         verdict = lambda m: "p90 SLO met" if m.slo_met else "p90 SLO missed"
         lines.append(f"  goodput         {run.goodput_tok_s:10.1f} tok/s   {run.slo_attainment:.1%} of requests within "
@@ -320,6 +322,19 @@ def format_summary(result) -> str:
         lines.append(f"  partial verify  {pv['divergence_rate']:.4%} of output tokens diverge from full "
                      f"verification; {pv['rolled_back_tokens']} rolled back")
     return "\n".join(lines)
+
+
+def policy_line(policy, run) -> str:
+    """The speculation policy and what it did: how often requests drafted, or whose proposals they verified."""
+    if policy.route is not None:
+        routes = ", ".join(f"{category}: {d.method}" for category, d in policy.route.items())
+        return f"route ({routes}); {run.lookup_share:.1%} of request-steps verified prompt lookup's proposal"
+    if policy.combine is not None:
+        return (f"combine, rule {policy.combine.rule}; {run.lookup_share:.1%} of request-steps verified prompt "
+                f"lookup's proposal, the others the method's")
+    label = {"off_above_batch": f"off above batch {policy.off_above_batch}", "k_by_batch": "k by batch"}.get(
+        policy.kind, policy.kind)
+    return f"{label}; drafted at {run.drafting_share:.1%} of request-steps, {run.mean_drafted_k:.2f} drafts on average"
 
 
 def format_rows(field: str, values: list, results: list) -> str:

@@ -26,6 +26,7 @@ from sim.acceptance import AcceptanceModel, disagreement_probability
 from sim.cost.batch import DECODE, DRAFT, FULL, PARTIAL, PHASES, PREFILL, VERIFY, Group, uniform_group
 from sim.cost.memory import MemoryPlan, draft_offloaded_layers
 from sim.cost.stack import Stacks
+from sim.lanes import LaneAcceptance
 from sim.policy import build_policy
 from sim.scenario.schema import Scenario
 from sim.workload import Requests
@@ -49,6 +50,7 @@ class RunRecord:
     # Adaptive policies only: tokens each iteration's requests drafted (0: speculation off; the
     # oracle's: the mean of its rows').
     drafted_k: list[float] = field(default_factory=list)
+    lookup_share: float | None = None      # route, combine: request-steps verifying prompt lookup's proposal
     partial_accepted_tokens: int = 0       # SpecPV: tokens accepted under partial verification
     divergent_tokens: float = 0.0          # expected tokens that differ from full verification
     rolled_back_tokens: int = 0            # SpecPV rectify: tokens discarded at a full verification
@@ -122,6 +124,8 @@ class PipelineSimulation:
         self.partial = spec.partial_verify if self.speculative else None
         self.final_check = self.partial is not None and self.partial.rectify
         self.proposal_lengths = getattr(acceptance, "verify_tokens", None) if self.speculative else None
+        # route, combine: each row verifies one of two drafters' proposals (sim/lanes.py)
+        self.lanes = acceptance if self.speculative and isinstance(acceptance, LaneAcceptance) else None
         # A replayed live run's steps that drafted nothing are plain decode steps (sim validate).
         self.replayed_plain_steps = self.speculative and getattr(acceptance, "plain_steps", False)
         self.replayed_plain = False
@@ -259,9 +263,11 @@ class PipelineSimulation:
         commit needs."""
         cost, stacks, s = self.cost, self.stacks, self.slots
         lengths = self.row_verify_tokens(n) if n else None
-        # A replayed step at which no request drafted (a live policy's plain decode step) is one.
-        drafting = self.drafting and not (self.replayed_plain_steps and lengths is not None and lengths.max() == 1)
-        self.replayed_plain = self.drafting and not drafting       # the commit's tokens/step skips it
+        # A replayed step at which no request drafted (a live policy's plain decode step) is one;
+        # so is a step at which no lane proposes (route, combine).
+        no_proposal = lengths is not None and lengths.max() == 1
+        drafting = self.drafting and not (no_proposal and (self.replayed_plain_steps or self.lanes is not None))
+        self.replayed_plain = self.drafting and not drafting and self.lanes is None   # tokens/step skips it
         seconds = cost.step_overhead(n + len(chunks), shares, self.step_verify_tokens if n and drafting else 1)
         plan: dict = {}
         prefill = None
@@ -277,8 +283,15 @@ class PipelineSimulation:
                 q, kv = [max(q)] * len(q), [max(kv)] * len(kv)
             prefill = Group(PREFILL, len(piece), sum(q), max(q), sum(kv), logits, q, kv)
             if stacks.draft is not None and stacks.draft_owns_kv:
-                # The draft's own KV (EAGLE head, draft model) needs the prompt too.
-                seconds += cost.forward(stacks.draft, [prefill._replace(logits_tokens=0)], shares)
+                # The draft's own KV (EAGLE head, draft model) needs the prompt too: every prompt's,
+                # or under route those of the requests in the method's lanes.
+                draft_piece = piece if self.lanes is None else [c for c in piece if self.lanes.runs_method(c[0][0])]
+                if draft_piece is piece:
+                    seconds += cost.forward(stacks.draft, [prefill._replace(logits_tokens=0)], shares)
+                elif draft_piece:
+                    q = [c for _, c in draft_piece]
+                    kv = [e[1] + c for e, c in draft_piece]
+                    seconds += cost.forward(stacks.draft, [Group(PREFILL, len(q), sum(q), max(q), sum(kv), 0, q, kv)], shares)
             if self.prefill_per_request:
                 seconds += cost.forward(stacks.target, [prefill], shares, offloaded_layers=self.offloaded_layers,
                                         kv_offloaded=self.kv_offloaded)
@@ -291,12 +304,14 @@ class PipelineSimulation:
         ctx = s.ctx[:n]
         ctx_sum = self.ctx_sum
         span, span_sum = self.attended_spans(ctx, ctx_sum)
-        if drafting:
+        if drafting and self.lanes is not None:
+            seconds += self.price_lane_drafts(n, span, shares, ctx_sum / n)
+        elif drafting:
             seconds += self.price_drafts(n, span, span_sum, shares, ctx_sum / n)
             # Draft forwards a step runs: none for a host drafter, one for Medusa's heads.
             forwards = 0 if stacks.draft is None else 1 if self.method == "medusa" else self.step_draft_forwards
             seconds += cost.speculation_overhead(n, forwards, shares)
-        elif self.track_last:
+        elif self.track_last and self.lanes is None:
             # Drafting off this step (a policy): a drafter with its own KV still reads the step's
             # input token, as the target does, so that it can propose again at any step (vLLM's
             # proposer runs on non-speculative steps too; an EAGLE head needs the target's hidden
@@ -344,9 +359,28 @@ class PipelineSimulation:
         longest = int(ctx.max())
         return np.full(len(ctx), longest, dtype=ctx.dtype), longest * len(ctx)
 
-    def price_drafts(self, n: int, ctx: np.ndarray, ctx_sum: int, shares: list[float], host_context: float) -> float:
+    def price_lane_drafts(self, n: int, span: np.ndarray, shares: list[float], host_context: float) -> float:
+        """route, combine: the method's drafter over the rows of its lanes, prompt lookup over
+        those of lookup lanes, and the speculation overhead of every row that proposes."""
+        s = self.slots
+        model_rows, lookup_rows = self.lanes.drafting_rows(s.rid[:n], s.steps[:n])
+        method_rows = n if model_rows is None else int(np.count_nonzero(model_rows))
+        seconds = 0.0
+        if method_rows:
+            sub_span = span if model_rows is None else span[model_rows]
+            behind = self.last_sum if model_rows is None else int(s.last[:n][model_rows].sum())
+            seconds += self.price_drafts(method_rows, sub_span, int(sub_span.sum()), shares, host_context, behind)
+        if lookup_rows:
+            seconds += self.cost.host_draft(lookup_rows, shares, host_context)
+        proposing = n if model_rows is None else method_rows + lookup_rows
+        forwards = 0 if self.stacks.draft is None or not method_rows else self.step_draft_forwards
+        return seconds + self.cost.speculation_overhead(proposing, forwards, shares)
+
+    def price_drafts(self, n: int, ctx: np.ndarray, ctx_sum: int, shares: list[float], host_context: float,
+                     behind_sum: int | None = None) -> float:
         """The drafter's work for n decoding requests before their verification; ctx: the context
-        each row's draft attention reads, host_context: the mean history a host drafter searches."""
+        each row's draft attention reads, host_context: the mean history a host drafter searches;
+        behind_sum: the tokens the rows' own-KV drafter catches up on (default: every row's)."""
         cost, draft = self.cost, self.stacks.draft
         if draft is None:                   # n-gram prompt lookup on the host
             return cost.host_draft(n, shares, host_context)
@@ -354,7 +388,7 @@ class PipelineSimulation:
             return cost.forward_uniform(draft, DRAFT, n, 1, ctx_sum, shares)
         if self.track_last:
             # A drafter with its own KV first catches up on the tokens the last step committed.
-            behind, behind_sum = self.verify_tokens, self.last_sum
+            behind, behind_sum = self.verify_tokens, self.last_sum if behind_sum is None else behind_sum
             if self.steady_catch_up is not None:
                 behind, behind_sum = self.steady_catch_up
             seconds = cost.forward_uniform(draft, DRAFT, n, behind, ctx_sum, shares,
@@ -718,4 +752,6 @@ class PipelineSimulation:
             self.env.process(self.open_loop_arrivals())
         self.env.process(self.serve())
         self.env.run()
+        if self.lanes is not None:
+            self.record.lookup_share = self.lanes.lookup_share()
         return self.record

@@ -81,7 +81,7 @@ def recommend(mapping: dict, batches: list[int] | None = None, contexts: list[in
     own_best = round(sum(c["best_k"] for c in own_cells) / len(own_cells))
     return {"method": spec.method, "hardware": scenario.hardware_spec.name, "model": scenario.model_spec.name,
             "scenario_k": own_k, "max_k": max_k, "cells": cells, "schedule": schedule,
-            "vllm": vllm_config(spec, schedule), "sglang": sglang_flags(spec.method, own_best),
+            "vllm": vllm_config(spec.method, schedule), "sglang": sglang_flags(spec.method, own_best),
             "sglang_batch": own_batch}
 
 
@@ -127,9 +127,9 @@ def own_load(scenario, batches: list[int]) -> int:
     return min(batches, key=lambda b: (abs(math.log(b / own)), b))
 
 
-def vllm_config(spec, schedule: list[list[int]]) -> dict | None:
+def vllm_config(method: str, schedule: list[list[int]]) -> dict | None:
     """vLLM's --speculative-config for the schedule, or None for a drafter vLLM does not ship."""
-    method = VLLM_METHODS.get(spec.method)
+    method = VLLM_METHODS.get(method)
     if method is None:
         return None
     drafts = max(k for _, _, k in schedule)

@@ -56,6 +56,7 @@ class RunMetrics:
     # Adaptive speculation policies: share of request-steps that drafted, and their mean drafts.
     drafting_share: float | None = None
     mean_drafted_k: float | None = None
+    lookup_share: float | None = None      # route, combine: request-steps that verified prompt lookup's proposal
     goodput_tok_s: float | None = None    # output tokens/s of requests within both SLO thresholds
     slo_attainment: float | None = None   # fraction of requests within both thresholds
     slo_met: bool | None = None           # p90 TTFT and p90 TPOT within their thresholds
@@ -98,7 +99,7 @@ def summarize(record: RunRecord, scenario: Scenario) -> RunMetrics:
         itl_ms=percentiles_ms(steps, decoding), e2e_ms=percentiles_ms(e2e),
         time_share=share, phase_s=phase_s, peak_kv_tokens=record.peak_kv_tokens,
         peak_batch=int(decoding.max()) if decoding.size else 0,
-        preemptions=record.preemptions, ttft_s=ttft, tpot_s=tpot)
+        preemptions=record.preemptions, lookup_share=record.lookup_share, ttft_s=ttft, tpot_s=tpot)
     if record.drafted_k:
         k = np.asarray(record.drafted_k)
         weights = decoding[decoding > 0]             # the iterations that decoded, as drafted_k
@@ -180,6 +181,7 @@ class Result:
             "peak_kv_gb": self.memory["peak_kv_gb"], "baseline_peak_kv_gb": self.memory["baseline_peak_kv_gb"],
             "preemptions": run.preemptions,
             "drafting_share": run.drafting_share, "mean_drafted_k": run.mean_drafted_k,
+            "lookup_share": run.lookup_share,
             "peak_batch": run.peak_batch, "baseline_peak_batch": base.peak_batch,
             "goodput_tok_s": run.goodput_tok_s, "baseline_goodput_tok_s": base.goodput_tok_s,
             "slo_attainment": run.slo_attainment, "baseline_slo_attainment": base.slo_attainment,

@@ -10,6 +10,7 @@ from sim.formats.provenance import git_revision, repo_relative, versions
 from sim.cost.memory import GB, plan_memory
 from sim.cost.calibrated import cost_model_for
 from sim.cost.stack import build_stacks
+from sim.lanes import build_lanes
 from sim.pipeline import PipelineSimulation
 from sim.result import Result, summarize
 from sim.scenario.schema import Scenario, load_scenario
@@ -114,6 +115,9 @@ def run_pipeline(config: Scenario, requests: Requests, stacks, memory, build=Non
     acceptance = None
     if config.speculation.enabled:
         acceptance = (build or build_acceptance)(config, len(requests), np.random.default_rng([config.seed, 2]))
+        if config.speculation.policy.second_drafters:
+            # route, combine: the drafter beside the method, chosen per request and step
+            acceptance = build_lanes(config, requests, acceptance, np.random.default_rng([config.seed, 4]))
     pipeline = PipelineSimulation(config, requests, cost, stacks, memory, acceptance,
                                   np.random.default_rng([config.seed, 3]))
     return pipeline.run(), cost

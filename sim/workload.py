@@ -20,6 +20,9 @@ class Requests:
     prompt_tokens: np.ndarray  # [N] int
     output_tokens: np.ndarray  # [N] int
     closed_concurrency: int | None
+    # Each request's category (an index into category_names), where the workload has categories.
+    category: np.ndarray | None = None
+    category_names: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
@@ -70,7 +73,7 @@ def build_requests(scenario: Scenario) -> Requests:
         output = sample_lengths(workload.output_tokens, len(arrival), rng)
         closed = None
     elif workload.arrival == "trace":
-        arrival, prompt, output = read_trace(workload.trace)
+        arrival, prompt, output, labels = read_trace(workload.trace)
         closed = None
     else:
         n = workload.requests
@@ -85,7 +88,10 @@ def build_requests(scenario: Scenario) -> Requests:
         else:
             arrival = np.full(n, np.nan)
             closed = min(workload.concurrency, n)
-    requests = Requests(arrival.astype(float), prompt, output, closed)
+    if workload.arrival != "trace" or workload.trace is None:
+        labels = draw_categories(workload.categories, len(prompt), np.random.default_rng([scenario.seed, 5]))
+    category, names = encode_categories(labels, scenario)
+    requests = Requests(arrival.astype(float), prompt, output, closed, category, names)
     model = scenario.model_spec
     drafted = scenario.speculation.verify_tokens - 1     # drafts in flight at the last step
     need = prompt + output + drafted
@@ -99,8 +105,33 @@ def build_requests(scenario: Scenario) -> Requests:
     return requests
 
 
-def read_trace(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A request trace: CSV, Parquet or JSONL with arrival_s, prompt_tokens, output_tokens."""
+def draw_categories(weights: dict[str, float] | None, count: int, rng: np.random.Generator) -> np.ndarray | None:
+    """Each request's category, drawn with the weights (normalized), or None without categories."""
+    if not weights:
+        return None
+    names = list(weights)
+    p = np.array([weights[name] for name in names], dtype=float)
+    return np.asarray(names, dtype=object)[rng.choice(len(names), size=count, p=p / p.sum())]
+
+
+def encode_categories(labels: np.ndarray | None, scenario: Scenario) -> tuple[np.ndarray | None, tuple[str, ...]]:
+    """Category labels as indices into their sorted names; a route's categories must be among them."""
+    route = scenario.speculation.policy.route
+    if labels is None:
+        if route is not None:
+            raise InputError("workload.trace", "has no category column, which speculation.policy.route needs")
+        return None, ()
+    names, index = np.unique(labels.astype(str), return_inverse=True)
+    missing = sorted(set(route or ()) - set(names))
+    if missing:
+        raise InputError("speculation.policy.route", f"category {missing[0]!r} has no request in the workload "
+                                                     f"(categories: {', '.join(names)})")
+    return index.astype(np.int64), tuple(str(n) for n in names)
+
+
+def read_trace(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """A request trace: CSV, Parquet or JSONL with arrival_s, prompt_tokens, output_tokens, and
+    optionally category."""
     field = "workload.trace"
     frame = read_table(path, field)
     if frame.empty:
@@ -109,4 +140,10 @@ def read_trace(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     prompt = numeric_column(frame, "prompt_tokens", path, field, integer=True, minimum=1)
     output = numeric_column(frame, "output_tokens", path, field, integer=True, minimum=1)
     order = np.argsort(arrival, kind="stable")
-    return arrival[order], prompt[order], output[order]
+    labels = None
+    if "category" in frame.columns:
+        labels = frame["category"].to_numpy()
+        if frame["category"].isna().any():
+            raise InputError(field, f"{path}: column category has an empty value")
+        labels = labels[order]
+    return arrival[order], prompt[order], output[order], labels

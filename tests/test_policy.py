@@ -148,10 +148,10 @@ def test_a_shorter_k_keeps_the_prefix_of_the_replayed_acceptance(tmp_path):
 
 
 @pytest.mark.parametrize("policy,message", [
-    ("sometimes", "speculation.policy: unknown policy 'sometimes' (known: static, off_above_batch, k_by_batch, goodput, oracle)"),
+    ("sometimes", "speculation.policy: unknown policy 'sometimes' (known: static, off_above_batch, k_by_batch, goodput, oracle, route, combine)"),
     ("off_above_batch", "speculation.policy: off_above_batch needs a batch size: {off_above_batch: N}"),
     ({"off_above_batch": -1}, "speculation.policy.off_above_batch: input should be greater than or equal to 0"),
-    ({"off_above_batch": 4, "goodput": {}}, "speculation.policy: give at most one of off_above_batch, k_by_batch, goodput, oracle"),
+    ({"off_above_batch": 4, "goodput": {}}, "speculation.policy: give at most one of off_above_batch, k_by_batch, goodput, oracle, route, combine"),
     ({"goodput": {"every": 3}}, "speculation.policy.goodput.every: unknown field"),
     ({"k_by_batch": [[1, 4, 3], [6, 8, 1]]}, "speculation.policy: k_by_batch ranges must run from batch 1 without gaps"),
     ({"k_by_batch": [[1, 4]]}, "speculation.policy.k_by_batch.0: list should have at least 3 items"),
@@ -168,7 +168,7 @@ def test_bad_policy_is_one_line_and_exit_2(tmp_path, policy, message):
 @pytest.mark.parametrize("speculation,message", [
     ({"method": "none", "policy": "goodput"}, "speculation: policy goodput needs a speculation method"),
     ({"method": "eagle3", "tree": {"tokens": 8, "depth": 3}, "acceptance": {"rate": 0.7}, "policy": "goodput"},
-     "speculation: policy goodput chooses a chain's k"),
+     "speculation: policy goodput takes a chain"),
     ({"method": "ngram", "acceptance": {"rate": 0.5}, "partial_verify": {"budget": 256},
       "policy": {"off_above_batch": 2}}, "speculation: policy off_above_batch does not combine with partial_verify"),
 ])

@@ -339,3 +339,30 @@ def test_baseline_only_is_the_baseline_simulate_pairs_with_the_run():
     assert alone.speculative is None and alone.partial_verify is None
     assert alone.run.throughput_tok_s == both.baseline.throughput_tok_s
     assert alone.run.tpot_ms == both.baseline.tpot_ms and alone.run.ttft_ms == both.baseline.ttft_ms
+
+
+def test_report_writes_each_batch_best_k_as_engine_config(tmp_path):
+    """The recommendations as vLLM's per-batch-size schedule: each batch's best static k of the
+    method recommended, 0 where no speculation is recommended."""
+    from sim.sweep.engine_config import engine_configs
+    from sim.sweep.report import recommendations
+
+    study = {"name": "cfg", "base": {"workload": {"output_tokens": 64, "prompt_tokens": 1024}},
+             "grid": {"workload": [{"concurrency": 1, "requests": 4}, {"concurrency": 256, "requests": 512}]},
+             "methods": [{"name": "none"},
+                         {"name": "eagle", "set": {"speculation": {"method": "eagle",
+                                                                   "acceptance": {"per_position": [0.8, 0.7, 0.6, 0.5]}}},
+                          "grid": {"speculation.num_speculative_tokens": [1, 4]}}]}
+    out = tmp_path / "o"
+    assert main(["sweep", str(write_study(tmp_path, study)), "--out", str(out), "--quiet"]) == 0
+    frame = sweep_frame(out)
+    rec = recommendations(frame, 0.01)
+    (config,) = engine_configs(frame, rec, 0.01)
+    # Batch 1: k = 4 beats k = 1 (1.94x); batch 256: both slow the engine down, none is recommended.
+    assert list(rec.sort_values("load").choice) == ["eagle", "none"]
+    assert config["schedule"] == [[1, 16, 4], [17, 256, 0]]          # split at sqrt(1 x 256)
+    assert config["vllm"] == {"method": "eagle", "model": "DRAFT_MODEL_PATH", "num_speculative_tokens": 4,
+                              "num_speculative_tokens_per_batch_size": [[1, 16, 4], [17, 256, 0]]}
+    assert config["sglang"][1] == (17, 256, "") and "--speculative-num-steps 4" in config["sglang"][0][2]
+    html = (out / "report.html").read_text()
+    assert "As engine config" in html and "num_speculative_tokens_per_batch_size" in html

@@ -374,6 +374,8 @@ def test_smoke_campaign_end_to_end_replays_and_fits(tmp_path):
     assert "ngram-c256-b2: " in proc.stdout and "its own steps replayed 100.0%" in proc.stdout
     table = pd.read_parquet(positions)
     assert set(table.run) == {"ngram-c256-b2"} and table.accepted.between(0, 8).all()
+    # The matched n-gram's length (0: none); a 256-token prompt matches some token nearly everywhere.
+    assert table.lookup_match.between(0, 3).all() and (table.lookup_match > 0).mean() > 0.5
     oracle_docs = tmp_path / "oracle.md"
     oracle_docs.write_text("<!-- validation:oracle:begin -->\n<!-- validation:oracle:end -->\n")
     proc = subprocess.run([sys.executable, "-m", "sim", "oracle", positions, out, "--docs", oracle_docs], cwd=REPO,

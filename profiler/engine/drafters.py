@@ -86,6 +86,15 @@ class NgramDrafter(Drafter):
     def lookup(self, tokens: list[int], k: int) -> list[int]:
         return self.lookup_many(tokens, k, 1)[0]
 
+    def match_length(self, tokens: list[int]) -> int:
+        """n of the longest n-gram (up to max_ngram) ending the history that occurs earlier in it,
+        0 where none does: what the lookup's proposal rests on."""
+        for n in range(min(self.max_ngram, len(tokens) - 1), 0, -1):
+            tail = tokens[-n:]
+            if any(tokens[start:start + n] == tail for start in range(len(tokens) - n - 1, -1, -1)):
+                return n
+        return 0
+
     def lookup_many(self, tokens: list[int], k: int, count: int) -> list[list[int]]:
         """Up to `count` continuations of k tokens with distinct first tokens, best match first."""
         found: list[list[int]] = []

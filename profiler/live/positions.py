@@ -27,6 +27,7 @@ import numpy as np
 from sim.errors import InputError
 
 MAX_K = 8           # positions are scored for chains up to this long
+NOT_LOOKUP = -1     # lookup_match of a model drafter's rows
 
 
 def run_prompts(meta: dict, tok) -> list[list[int]]:
@@ -50,13 +51,16 @@ def leading_matches(proposal: list[int], truth: list[int]) -> int:
     return n
 
 
-def ngram_positions(sequence: list[int], first_root: int, max_k: int) -> np.ndarray:
-    """[roots] accepted drafts of prompt lookup at each root first_root.. len - 2."""
+def ngram_positions(sequence: list[int], first_root: int, max_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """[roots] accepted drafts of prompt lookup at each root first_root.. len - 2, and [roots] the
+    n of the n-gram its proposal matched (0: none, the last token repeated)."""
     from profiler.engine.drafters import NgramDrafter
 
     drafter = NgramDrafter()
-    return np.array([leading_matches(drafter.lookup(sequence[:p + 1], max_k), sequence[p + 1:p + 1 + max_k])
-                     for p in range(first_root, len(sequence) - 1)], dtype=np.int64)
+    roots = range(first_root, len(sequence) - 1)
+    accepted = np.array([leading_matches(drafter.lookup(sequence[:p + 1], max_k), sequence[p + 1:p + 1 + max_k])
+                         for p in roots], dtype=np.int64)
+    return accepted, np.array([drafter.match_length(sequence[:p + 1]) for p in roots], dtype=np.int64)
 
 
 def model_positions(next_tokens: np.ndarray, sequence: list[int], first_root: int, max_k: int) -> np.ndarray:
@@ -126,11 +130,13 @@ def run_positions(run_dir: Path, models: dict) -> tuple[list[dict], float]:
         sequence = prompt + outputs[int(rid)]
         first_root = len(prompt)                   # the first output token is the first step's root
         if a["method"] == "ngram":
-            accepted = ngram_positions(sequence, first_root, MAX_K)
+            accepted, match = ngram_positions(sequence, first_root, MAX_K)
         else:
             next_tokens = teacher_forced_next_tokens(drafter, loaded.model, sequence)
             accepted = model_positions(next_tokens, sequence, first_root, MAX_K)
-        rows += [{"request": int(rid), "root": i, "accepted": int(x)} for i, x in enumerate(accepted)]
+            match = np.full(len(accepted), NOT_LOOKUP)
+        rows += [{"request": int(rid), "root": i, "accepted": int(x), "lookup_match": int(m)}
+                 for i, (x, m) in enumerate(zip(accepted, match))]
         root = 0
         # The run's own walk: each step from its root, min(accepted, its drafts) + 1 tokens on (a
         # policy's steps draft fewer than k, or none).
@@ -152,8 +158,9 @@ def unsupported(arguments: dict) -> str | None:
 
 
 def write_positions(run_dirs: list[Path], out: Path) -> int:
-    """Every run's per-position acceptance as one Parquet table (run, request, root, accepted),
-    each run folder given or found in a campaign folder."""
+    """Every run's per-position acceptance as one Parquet table (run, request, root, accepted,
+    lookup_match: prompt lookup's matched n-gram length, -1 for a model drafter), each run folder
+    given or found in a campaign folder."""
     import pandas as pd
 
     from sim.formats.files import write_file_atomic
@@ -171,7 +178,7 @@ def write_positions(run_dirs: list[Path], out: Path) -> int:
             continue
         rows, replayed = run_positions(run_dir, models)
         print(f"{run_dir.name}: {len(rows)} positions; its own steps replayed {replayed:.1%}")
-        frames.append(pd.DataFrame(rows).assign(run=run_dir.name)[["run", "request", "root", "accepted"]])
+        frames.append(pd.DataFrame(rows).assign(run=run_dir.name)[["run", "request", "root", "accepted", "lookup_match"]])
     if not frames:
         raise InputError("RUN_DIR", "no speculative run among the folders given")
     table = pd.concat(frames, ignore_index=True)

@@ -62,6 +62,9 @@ class Workload(Strict):
     # arrival trace without a file: each request's arrival time, seconds (sorted), its prompt and
     # output lengths from prompt_tokens and output_tokens (lists, in the same order)
     arrival_s: Annotated[list[Annotated[float, Field(ge=0)]], Field(min_length=1)] | None = None
+    # Request categories (what a route policy keys on): each request draws one with these weights
+    # (normalized); a trace file may carry a `category` column instead.
+    categories: dict[str, PositiveFloat] | None = None
 
     @model_validator(mode="after")
     def _check_arrival(self):
@@ -191,7 +194,43 @@ class Goodput(Strict):
     allow_off: bool = True            # k = 0 (a plain decode step) is one of the choices
 
 
-POLICIES = ("static", "off_above_batch", "k_by_batch", "goodput", "oracle")
+class SecondDrafter(Strict):
+    """A drafter beside the scenario's method (route, combine): prompt lookup on the host, whose
+    acceptance (draft_share: the share of steps at which its history matches) is its own, or, in a
+    route, `none` (those requests decode without speculation) or the scenario's own method with
+    the category's acceptance."""
+    method: Literal[METHODS] = "ngram"
+    num_speculative_tokens: PositiveInt | None = None     # unset: the scenario's
+    acceptance: Acceptance | None = None
+
+    @model_validator(mode="after")
+    def _check_form(self):
+        if self.method == "none" and (self.acceptance is not None or self.num_speculative_tokens is not None):
+            raise ValueError("method none takes no acceptance or num_speculative_tokens")
+        if self.method != "none" and self.acceptance is None:
+            raise ValueError(f"method {self.method} needs acceptance")
+        if self.acceptance is not None and self.acceptance.trace is not None:
+            raise ValueError("a second drafter's acceptance takes rate, per_position or tokens_per_step, not a trace")
+        return self
+
+
+class Combine(Strict):
+    """Two drafters propose at every step; per request, one proposal is verified. `proposes`: the
+    second drafter's wherever it has one (its history matches), the method's elsewhere (suffix or
+    prompt lookup first, a model drafter as the fallback); `confident`: the second's where it has
+    one and expects to have more drafts accepted than the method does (each from its own
+    acceptance: mean survival, per request where the acceptance has a request spread)."""
+    drafter: SecondDrafter
+    rule: Literal["proposes", "confident"] = "proposes"
+
+    @model_validator(mode="after")
+    def _check_host(self):
+        if self.drafter.method != "ngram":
+            raise ValueError(f"combine's drafter is prompt lookup (method ngram), got {self.drafter.method}")
+        return self
+
+
+POLICIES = ("static", "off_above_batch", "k_by_batch", "goodput", "oracle", "route", "combine")
 BatchRange = Annotated[list[NonNegativeInt], Field(min_length=3, max_length=3)]
 
 
@@ -207,6 +246,10 @@ class Policy(Strict):
     k_by_batch: Annotated[list[BatchRange], Field(min_length=1)] | None = None
     goodput: Goodput | None = None
     oracle: bool = False      # a bound: each step proposes exactly what will be accepted
+    # category -> the drafter its requests use (categories from workload.categories or the trace);
+    # categories not named keep the scenario's method.
+    route: Annotated[dict[str, SecondDrafter], Field(min_length=1)] | None = None
+    combine: Combine | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -222,14 +265,16 @@ class Policy(Strict):
                 raise ValueError("off_above_batch needs a batch size: {off_above_batch: N}")
             if value == "k_by_batch":
                 raise ValueError("k_by_batch needs ranges: {k_by_batch: [[1, LAST, K], [LAST + 1, ..., K2], ...]}")
+            if value in ("route", "combine"):
+                raise ValueError(f"{value} needs its drafters (docs/scenario.md, speculation.policy)")
             raise ValueError(f"unknown policy {value!r} (known: {', '.join(POLICIES)})")
         return value
 
     @model_validator(mode="after")
     def _check_one(self):
         if sum((self.off_above_batch is not None, self.k_by_batch is not None, self.goodput is not None,
-                self.oracle)) > 1:
-            raise ValueError("give at most one of off_above_batch, k_by_batch, goodput, oracle")
+                self.oracle, self.route is not None, self.combine is not None)) > 1:
+            raise ValueError("give at most one of off_above_batch, k_by_batch, goodput, oracle, route, combine")
         if self.k_by_batch is not None:
             expected = 1
             for first, last, _ in self.k_by_batch:
@@ -245,7 +290,18 @@ class Policy(Strict):
             return "off_above_batch"
         if self.k_by_batch is not None:
             return "k_by_batch"
+        if self.route is not None:
+            return "route"
+        if self.combine is not None:
+            return "combine"
         return "goodput" if self.goodput else "oracle" if self.oracle else "static"
+
+    @property
+    def second_drafters(self) -> list[SecondDrafter]:
+        """The drafters besides the scenario's method that route or combine runs."""
+        if self.route is not None:
+            return list(self.route.values())
+        return [self.combine.drafter] if self.combine is not None else []
 
 
 class Speculation(Strict):
@@ -281,8 +337,25 @@ class Speculation(Strict):
         if self.policy.kind != "static" and self.partial_verify is not None:
             raise ValueError(f"policy {self.policy.kind} does not combine with partial_verify "
                              "(SpecPV verifies at every step)")
-        if self.policy.kind in ("goodput", "oracle", "k_by_batch") and self.tree is not None:
-            raise ValueError(f"policy {self.policy.kind} chooses a chain's k; a tree takes static or off_above_batch")
+        if self.policy.kind in ("goodput", "oracle", "k_by_batch", "route", "combine") and self.tree is not None:
+            raise ValueError(f"policy {self.policy.kind} takes a chain; a tree takes static or off_above_batch")
+        for category, drafter in (self.policy.route or {}).items():
+            if drafter.method not in ("ngram", "none", self.method):
+                raise ValueError(f"route {category}: method {drafter.method} is neither ngram, none nor the "
+                                 f"scenario's {self.method} (one model drafter per step)")
+            if drafter.method == self.method and drafter.num_speculative_tokens not in (None, self.num_speculative_tokens):
+                raise ValueError(f"route {category}: the scenario's method drafts its num_speculative_tokens "
+                                 f"({self.num_speculative_tokens}) in every category")
+        if self.policy.combine is not None and self.method in ("ngram", "none"):
+            raise ValueError("combine pairs prompt lookup with a model drafter: the scenario's method must be one")
+        for second in self.policy.second_drafters:
+            a, k = second.acceptance, second.num_speculative_tokens or self.num_speculative_tokens
+            if a is not None and a.tokens_per_step is not None and a.tokens_per_step > k + 1:
+                raise ValueError(f"a second drafter's acceptance.tokens_per_step {a.tokens_per_step} exceeds "
+                                 f"the {k + 1} a step of {k} drafts can commit")
+            if a is not None and a.per_position is not None and len(a.per_position) < k:
+                raise ValueError(f"a second drafter's acceptance.per_position has {len(a.per_position)} rates "
+                                 f"for {k} drafts")
         if self.policy.k_by_batch is not None:
             most = max(k for _, _, k in self.policy.k_by_batch)
             if most > self.num_speculative_tokens:
@@ -319,6 +392,8 @@ class Speculation(Strict):
     def verify_tokens(self) -> int:
         """Query tokens per request in a verification forward: the drafts plus the last committed token."""
         drafted = self.tree.draft_tokens if self.tree is not None else self.num_speculative_tokens
+        for second in self.policy.second_drafters:     # route, combine: the longest proposal
+            drafted = max(drafted, second.num_speculative_tokens or 0)
         return drafted + 1
 
 
@@ -664,6 +739,15 @@ def _check_semantics(scenario: Scenario) -> None:
                             f"{model.name}'s maximum context {model.max_context}")
     if scenario.workload.trace is not None and not scenario.workload.trace.exists():
         raise InputError("workload.trace", f"no such file: {scenario.workload.trace}")
+    if spec.policy.route is not None:
+        known = scenario.workload.categories
+        if known is None and scenario.workload.trace is None:
+            raise InputError("speculation.policy.route", "needs request categories: workload.categories, "
+                                                         "or a workload.trace with a category column")
+        unknown = sorted(set(spec.policy.route) - set(known or spec.policy.route))
+        if unknown:
+            raise InputError("speculation.policy.route", f"category {unknown[0]!r} is not among workload.categories "
+                                                         f"({', '.join(known)})")
     if spec.acceptance is not None and spec.acceptance.trace is not None and not spec.acceptance.trace.exists():
         raise InputError("speculation.acceptance.trace", f"no such file: {spec.acceptance.trace}")
     a = spec.acceptance

@@ -121,7 +121,12 @@ def settings_label(s) -> str:
         policy = spec.policy
         parts[0] = {"off_above_batch": f"k={spec.num_speculative_tokens}, off above batch {policy.off_above_batch}",
                     "k_by_batch": f"k by batch {policy.k_by_batch}", "goodput": f"goodput k ≤ {spec.num_speculative_tokens}",
-                    "oracle": f"oracle k ≤ {spec.num_speculative_tokens}"}[policy.kind]
+                    "oracle": f"oracle k ≤ {spec.num_speculative_tokens}",
+                    "route": f"k={spec.num_speculative_tokens}, route "
+                             + " ".join(f"{c}: {d.method}" for c, d in (policy.route or {}).items()),
+                    "combine": f"k={spec.num_speculative_tokens} + lookup "
+                               f"k={policy.combine.drafter.num_speculative_tokens or spec.num_speculative_tokens} "
+                               f"({policy.combine.rule})" if policy.combine else ""}[policy.kind]
     pv = spec.partial_verify
     if pv is not None:
         parts.append(f"budget {pv.budget}, period {pv.period}{'' if pv.period_unit == 'tokens' else ' steps'}"

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from sim.formats.names import PHASES
+from sim.sweep.engine_config import engine_config_html, engine_configs
 from sim.sweep.policy_figure import policy_gap_figure
 from sim.sweep.frames import (METHOD_COLORS, PHASE_COLORS, best_settings, context_label, eligible, within_divergence,
                               y_axis_of)
@@ -382,7 +383,11 @@ def build_report(frame: pd.DataFrame, provenance: dict, validation: pd.DataFrame
     body.append("<h2 id='recommend'>Recommendations</h2><p class='note'>Per batch and context, the configuration "
                 f"with the highest throughput among those meeting the SLOs ({html.escape(slo_text)}) and within "
                 f"{max_div:.1%} divergence; the figure is its speedup over no speculation. Hover a cell for "
-                "throughput, latency and cost.</p>" + recommendation_html(rec, method_colors))
+                "throughput, latency and cost.</p>" + recommendation_html(rec, method_colors)
+                + "<h3 id='engine-config'>As engine config</h3><p class='note'>Per panel and context, the method "
+                "recommended most often with its best static k per batch, as vLLM's speculative config (a "
+                "per-batch-size schedule) and SGLang's flags (one setting per server: per batch range).</p>"
+                + engine_config_html(engine_configs(frame, rec, max_div)))
     if validation is not None:
         body.append("<h2 id='validation'>Validation</h2><p class='note'>How far to trust the figures above: the "
                     "simulator's predictions of live runs on this project's engine (docs/validation.md).</p>"

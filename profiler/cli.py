@@ -1,4 +1,4 @@
-"""python -m profiler live | campaign | positions | hf-live | serve-live | calibrate | inspect | export-hf (docs/live.md,
+"""python -m profiler live | campaign | positions | hf-live | serve-live | calibrate | inspect | export-hf | train-eagle (docs/live.md,
 docs/architecture.md).
 
 Every argument parser of the profiler is here; each command's arguments become a typed config
@@ -228,6 +228,29 @@ def add_export_hf_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="the model folder to write (must not exist)")
 
 
+def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
+    from profiler.eagle.train import HELD_OUT, QUICK, TrainEagleConfig
+
+    defaults = TrainEagleConfig(out=Path("unused"))
+    parser.add_argument("--out", type=Path, required=True,
+                        help="the head's folder: head.safetensors, head.json; data.pt and checkpoint.pt while it "
+                             "trains (run again with the same --out to resume)")
+    parser.add_argument("--model", default="smollm2", help="the target (smollm2, a .gguf or a Hugging Face folder)")
+    parser.add_argument("--prompts", type=Path, default=None, help="JSONL chat prompts with a category "
+                        "(e.g. ../shared/data/spec_bench_questions.jsonl)")
+    parser.add_argument("--text", type=Path, default=None, help="a plain text whose excerpts are prompts too")
+    parser.add_argument("--held-out", default=",".join(HELD_OUT),
+                        help="categories kept out of training and evaluated on (comma-separated)")
+    for name in ("train_prompts", "eval_per_category", "text_excerpts", "excerpt_tokens", "max_new_tokens",
+                 "generate_batch", "epochs", "batch_sequences", "warmup_steps", "eval_k", "checkpoint_every",
+                 "seed", "threads"):
+        parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
+    for name in ("lr", "cls_weight", "cls_share", "noise"):
+        parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
+    parser.add_argument("--quick", action="store_true",
+                        help="a few minutes' run for tests: " + ", ".join(f"{k} {v}" for k, v in QUICK.items()))
+
+
 COMMANDS = (
     ("live", "real speculative decoding on a real model, every step recorded", add_live_arguments),
     ("campaign", "the live runs of a validation campaign, the model loaded once", add_campaign_arguments),
@@ -240,7 +263,9 @@ COMMANDS = (
     ("calibrate", "time the engine's operators on this device; write a bundle", add_calibrate_arguments),
     ("inspect", "achieved bandwidth and FLOP rate of a bundle's operators", add_inspect_arguments),
     ("export-hf", "a GGUF model as a Hugging Face folder (safetensors, config, tokenizer, chat template) "
-     "for engines that read only that", add_export_hf_arguments))
+     "for engines that read only that", add_export_hf_arguments),
+    ("train-eagle", "train an EAGLE-style draft head for the target on its own greedy continuations",
+     add_train_eagle_arguments))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -328,6 +353,14 @@ def dispatch(args: argparse.Namespace) -> int:
         values = {k: v for k, v in vars(args).items() if k != "command"}
         values["model"] = served_model(args.engine, str(args.model))
         serve_settings(settings_of(values))
+    elif args.command == "train-eagle":
+        from profiler.eagle.train import QUICK, TrainEagleConfig, train_eagle
+
+        values = {k: v for k, v in vars(args).items() if k not in ("command", "quick", "held_out")}
+        if args.quick:
+            values.update(QUICK)
+        values["held_out"] = tuple(c.strip() for c in args.held_out.split(",") if c.strip())
+        return train_eagle(TrainEagleConfig(**values))
     elif args.command == "export-hf":
         from profiler.engine.export_hf import ExportConfig, export_hf
 

@@ -276,6 +276,15 @@ class Llama(nn.Module):
             x = x[:, logits_from:]
         return self.lm_head(self.norm(x)).float()
 
+    def last_hidden(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        """[B, T, hidden]: the last decoder layer's output (before the final norm) of prompt
+        forwards (tokens, positions: [B, T], each row its prompt from position 0): what an EAGLE
+        head reads."""
+        x, cache_index, rotation, mask = self.embed_inputs(tokens, positions, causal=False)
+        for layer in self.layers:
+            x = layer(x, cache_index, rotation, mask)
+        return x
+
     def embed_inputs(self, tokens: Tensor, positions: Tensor, mask: Tensor | None = None,
                      slots: Tensor | None = None, causal: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """What every layer of a forward shares: the embedded tokens [B, T, hidden], the cache

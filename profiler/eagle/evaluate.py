@@ -1,0 +1,110 @@
+"""How many drafts of an EAGLE head greedy verification accepts, at every root of the target's output.
+
+At root p (the last committed token t_p, the target's hidden state f_(p-1) known) a chain of k
+drafts runs: index p - 1 reads (f_(p-1), t_p) and estimates f_p, whose LM head gives d_1; index
+p + j - 2 reads (its own estimate, d_(j-1)) and gives d_j. Every index below p reads the target's
+own hidden states (the head's KV after catching up on the committed tokens), its drafts only
+their own chain: exactly what a live engine's head computes at that step. Greedy verification
+accepts the leading drafts that equal the target's output t_(p+1), t_(p+2), ...
+
+`chain_accepted` computes every root of one sequence at once; walking them from the first root
+(each step from root p accepts a(p) drafts and moves a(p) + 1 on) gives the steps a live run makes.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from profiler.eagle.head import EagleHead, draft_logits, rotations
+from profiler.engine.model import Llama, apply_rope
+
+
+def chain_accepted(head: EagleHead, target: Llama, tokens: Tensor, hidden: Tensor, first_root: int, k: int) -> np.ndarray:
+    """[roots] accepted drafts (0..k) of a chain of k at each root first_root..L-2 of one sequence:
+    tokens [L], hidden [L, H] (the target's)."""
+    L = len(tokens)
+    if first_root >= L - 1:
+        return np.zeros(0, dtype=np.int64)
+    roots = torch.arange(first_root, L - 1)
+    proposed = chain_drafts(head, target, tokens, hidden, first_root, k)          # [R, k]
+    offsets = roots[:, None] + torch.arange(1, k + 1)[None]
+    hits = (proposed == tokens[offsets.clamp(max=L - 1)]) & (offsets <= L - 1)
+    return torch.cumprod(hits.long(), 1).sum(1).numpy()
+
+
+@torch.inference_mode()
+def chain_drafts(head: EagleHead, target: Llama, tokens: Tensor, hidden: Tensor, first_root: int, k: int) -> Tensor:
+    """[roots, k] the chain of k drafts the head proposes at each root first_root..L-2."""
+    dtype = target.lm_head.weight.dtype
+    tokens, hidden = tokens.to(hidden.device), hidden.to(dtype)
+    L = len(tokens)
+    roots = torch.arange(first_root, L - 1)
+    block, a = head.layer, head.layer.attention
+    # Teacher entries e_i = (f_i, t_(i+1)), i = 0..L-2, at position i.
+    x = head.fuse(hidden[None, :-1], tokens[None, 1:], target)                    # [1, L-1, H]
+    n = L - 1
+    positions = torch.arange(n)
+    qkv = a.wqkv(block.attention_norm(x)).view(1, n, a.heads + 2 * a.kv_heads, a.head_dim)
+    qk = apply_rope(qkv[:, :, :a.heads + a.kv_heads], rotations(target, positions)[None, :, None]).transpose(1, 2)
+    q_t, keys = qk.split([a.heads, a.kv_heads], dim=1)
+    values = qkv[:, :, a.heads + a.kv_heads:].transpose(1, 2)
+    out = torch.nn.functional.scaled_dot_product_attention(q_t, keys, values, is_causal=True,
+                                                           enable_gqa=a.heads != a.kv_heads)
+    h = x + a.wo(out.transpose(1, 2).reshape(1, n, -1))
+    estimates = head.unstandardize(h + block.feed_forward(block.ffn_norm(h)))[0]  # [L-1, H]: estimate of f_(i+1)
+    group = a.heads // a.kv_heads
+    keys, values = keys[0].repeat_interleave(group, 0), values[0].repeat_interleave(group, 0)   # [Hq, n, D]
+
+    feature = estimates[roots - 1]                                                # estimate of f_p
+    draft = draft_logits(feature, target).argmax(-1)                              # d_1, [R]
+    drafts = [draft]
+    own_k, own_v = [], []                                                         # the chain's entries
+    visible = torch.arange(n)[None, :] < roots[:, None]                           # [R, n]: indices < p
+    scale = a.head_dim ** -0.5
+    for j in range(2, k + 1):
+        position = roots + j - 2
+        x = head.fuse(feature[:, None], draft[:, None], target)                   # [R, 1, H]
+        R = len(roots)
+        qkv = a.wqkv(block.attention_norm(x)).view(R, 1, a.heads + 2 * a.kv_heads, a.head_dim)
+        qk = apply_rope(qkv[:, :, :a.heads + a.kv_heads], rotations(target, position)[:, None, None])
+        q, k_new = qk[:, 0, :a.heads], qk[:, 0, a.heads:]                          # [R, Hq, D], [R, Hkv, D]
+        own_k.append(k_new.repeat_interleave(group, 1))
+        own_v.append(qkv[:, 0, a.heads + a.kv_heads:].repeat_interleave(group, 1))
+        teacher = torch.einsum("rhd,hnd->rhn", q, keys) * scale
+        teacher = teacher.masked_fill(~visible[:, None, :], float("-inf"))
+        chain_k, chain_v = torch.stack(own_k, 2), torch.stack(own_v, 2)           # [R, Hq, j-1, D]
+        chain = torch.einsum("rhd,rhcd->rhc", q, chain_k) * scale
+        weights = torch.softmax(torch.cat([teacher, chain], -1).float(), -1).to(q.dtype)
+        attended = (torch.einsum("rhn,hnd->rhd", weights[..., :n], values)
+                    + torch.einsum("rhc,rhcd->rhd", weights[..., n:], chain_v))
+        h = x[:, 0] + a.wo(attended.reshape(R, -1))
+        feature = head.unstandardize(h + block.feed_forward(block.ffn_norm(h)))
+        draft = draft_logits(feature, target).argmax(-1)
+        drafts.append(draft)
+    return torch.stack(drafts, 1)
+
+
+def walk(accepted_at: np.ndarray, k: int) -> np.ndarray:
+    """Accepted drafts of each step from the first root (a step from root p moves a(p) + 1 on)."""
+    steps, root = [], 0
+    while root < len(accepted_at):
+        steps.append(min(int(accepted_at[root]), k))
+        root += steps[-1] + 1
+    return np.asarray(steps, dtype=np.int64)
+
+
+def acceptance_report(per_category_steps: dict[str, list[np.ndarray]], k: int) -> dict:
+    """Per category and over all: steps, mean accepted drafts and committed tokens per step, and
+    the per-position conditional acceptance P(accepted >= j | accepted >= j - 1)."""
+    def summary(steps: np.ndarray) -> dict:
+        rates = []
+        for j in range(1, k + 1):
+            reached = steps >= j - 1
+            rates.append(float((steps[reached] >= j).mean()) if reached.any() else 0.0)
+        return {"steps": int(len(steps)), "accepted_per_step": float(steps.mean()),
+                "tokens_per_step": float(steps.mean() + 1), "per_position": rates}
+
+    out = {category: summary(np.concatenate(steps)) for category, steps in sorted(per_category_steps.items())}
+    out["all"] = summary(np.concatenate([np.concatenate(s) for s in per_category_steps.values()]))
+    return out

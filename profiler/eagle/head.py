@@ -1,0 +1,124 @@
+"""An EAGLE-style draft head for a Llama-family target, and its file format.
+
+The head reads, at sequence index i, the target's last hidden state f_i (the last decoder layer's
+output, before the final norm) and the embedding of the next token t_(i+1), fused by one linear
+layer (2H -> H), then runs one decoder layer of the target's shape; its output estimates f_(i+1),
+which the target's own final norm and LM head turn into a draft of t_(i+2) (EAGLE, Li et al. 2024).
+A chain drafts by feeding its own estimate back: index i + 1 reads (estimated f_(i+1), its draft).
+
+Training (profiler/eagle/train.py) runs the whole sequence at once, causally, with no KV cache
+(`forward_sequence`); the head's weights are those of a `profiler.engine.model.Block`, so a live
+drafter can run the same layer with a cache.
+
+On disk a head is a folder: head.safetensors (fc, the layer's weights and the feature standardization, fp32)
+and head.json (the target's shape and the training's provenance).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from profiler.engine.model import Block, Llama, LlamaConfig, apply_rope, rope_table
+
+WEIGHTS, META = "head.safetensors", "head.json"
+
+
+class EagleHead(nn.Module):
+    """The head works on standardized hidden states: a small target's last hidden state has a few
+    dimensions hundreds of times wider than the rest (SmolLM2-135M: per-dimension spread 22 in the
+    median, up to 400), which would swamp the regression. feature_mean and feature_std, measured on
+    the training data, map the target's states in and the head's estimates back out."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        self.fc = nn.Linear(2 * config.hidden, config.hidden, bias=True)
+        self.layer = Block(config)
+        self.register_buffer("feature_mean", torch.zeros(config.hidden))
+        self.register_buffer("feature_std", torch.ones(config.hidden))
+
+    def standardize(self, hidden: Tensor) -> Tensor:
+        return (hidden - self.feature_mean) / self.feature_std
+
+    def fuse(self, hidden: Tensor, next_tokens: Tensor, target: Llama) -> Tensor:
+        """[B, T, H]: the layer's input from the target's hidden states [B, T, H] (or the head's
+        own estimates) and the next tokens [B, T] (embedded by the target's own table)."""
+        return self.fc(torch.cat([target.embed(next_tokens).to(hidden.dtype), self.standardize(hidden)], dim=-1))
+
+    def unstandardize(self, y: Tensor) -> Tensor:
+        """The layer's output [.., H] as an estimate of the target's hidden state."""
+        return y * self.feature_std + self.feature_mean
+
+    def forward_sequence(self, hidden: Tensor, next_tokens: Tensor, target: Llama) -> Tensor:
+        """Estimates of f_(i+1) at every index i of whole sequences, causally, without a cache:
+        [B, T, H] from hidden [B, T, H] and next_tokens [B, T] (index i at position i)."""
+        x = self.fuse(hidden, next_tokens, target)
+        B, T, _ = x.shape
+        positions = torch.arange(T, device=x.device)
+        rotation = rotations(target, positions)[None, :, None]
+        return self.unstandardize(x + self.attend_and_feed(x, rotation))
+
+    def attend_and_feed(self, x: Tensor, rotation: Tensor) -> Tensor:
+        """The layer's residual update of x [B, T, H], causal over T, in plain torch (differentiable)."""
+        block, a = self.layer, self.layer.attention
+        B, T, _ = x.shape
+        qkv = a.wqkv(block.attention_norm(x)).view(B, T, a.heads + 2 * a.kv_heads, a.head_dim)
+        qk = apply_rope(qkv[:, :, :a.heads + a.kv_heads], rotation).transpose(1, 2)
+        q, k = qk.split([a.heads, a.kv_heads], dim=1)
+        v = qkv[:, :, a.heads + a.kv_heads:].transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=a.heads != a.kv_heads)
+        attended = a.wo(out.transpose(1, 2).reshape(B, T, a.heads * a.head_dim))
+        h = x + attended
+        return attended + block.feed_forward(block.ffn_norm(h))
+
+
+def rotations(target: Llama, positions: Tensor) -> Tensor:
+    """The target's RoPE rotations at these positions (its table built if no cache set it up yet)."""
+    if target.rope.numel() == 0:
+        target.rope = rope_table(target.config, target.lm_head.weight.device)
+    return target.rope[positions]
+
+
+def draft_logits(features: Tensor, target: Llama) -> Tensor:
+    """The target's own final norm and LM head on estimated hidden states: [..., vocab] fp32."""
+    return target.lm_head(target.norm(features)).float()
+
+
+def save_head(head: EagleHead, folder: Path, meta: dict) -> None:
+    """Write head.safetensors and head.json into folder (each through a temporary file)."""
+    from safetensors.torch import save_file
+
+    from sim.formats.files import write_file_atomic
+
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {name: value.detach().float().contiguous() for name, value in head.state_dict().items()}
+    write_file_atomic(folder / WEIGHTS, lambda path: save_file(state, str(path), metadata={"format": "pt"}))
+    write_file_atomic(folder / META, lambda path: path.write_text(json.dumps(meta, indent=2) + "\n"))
+
+
+def load_head(folder: Path, target: Llama) -> tuple[EagleHead, dict]:
+    """The head in folder, for this target (its shape must match the one it was trained for)."""
+    from safetensors.torch import load_file
+
+    from sim.errors import InputError
+
+    if not (folder / WEIGHTS).is_file() or not (folder / META).is_file():
+        raise InputError("--head", f"{folder} is not a head folder (no {WEIGHTS} and {META}; write one with "
+                                   f"python -m profiler train-eagle)")
+    meta = json.loads((folder / META).read_text())
+    shape = target_shape(target.config)
+    if meta.get("target_shape") != shape:
+        raise InputError("--head", f"{folder} was trained for a target of shape {meta.get('target_shape')}, "
+                                   f"not this one's {shape}")
+    head = EagleHead(target.config)
+    head.load_state_dict(load_file(str(folder / WEIGHTS)))
+    weight = target.lm_head.weight
+    return head.to(device=weight.device, dtype=weight.dtype).eval(), meta
+
+
+def target_shape(config: LlamaConfig) -> dict:
+    return {name: getattr(config, name) for name in ("hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab")}

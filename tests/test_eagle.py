@@ -1,0 +1,85 @@
+"""The EAGLE head (issue 28): its chain at every root computed at once equals running the head
+over each root's own sequence; its file round-trips; bad heads are one line."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import REPO
+from profiler.eagle.evaluate import acceptance_report, chain_accepted, chain_drafts, walk
+from profiler.eagle.head import EagleHead, draft_logits, load_head, save_head, target_shape
+from profiler.engine.loaders import random_model
+from profiler.engine.model import LlamaConfig
+
+TINY = LlamaConfig(name="tiny", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=64, vocab=50,
+                   max_context=256, tied_embeddings=False)
+
+
+def tiny_head(seed=0):
+    target = random_model(TINY, seed=seed).model
+    head = EagleHead(TINY)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.3)
+        head.feature_mean.normal_(0, 0.1)
+        head.feature_std.uniform_(0.5, 2.0)
+    return target, head.eval()
+
+
+def test_chain_at_every_root_equals_the_head_run_over_each_root_sequence():
+    target, head = tiny_head()
+    L, k = 24, 4
+    tokens = torch.randint(0, TINY.vocab, (L,), generator=torch.Generator().manual_seed(1))
+    hidden = torch.randn(L, TINY.hidden, generator=torch.Generator().manual_seed(2)) * 3
+    proposed = chain_drafts(head, target, tokens, hidden, 10, k)
+    with torch.no_grad():
+        for r, p in enumerate(range(10, L - 1)):
+            # The head's inputs for root p: the target's states before p, then its own chain.
+            states, nexts, drafts = list(hidden[:p]), list(tokens[1:p + 1]), []
+            for _ in range(k):
+                estimate = head.forward_sequence(torch.stack(states)[None], torch.stack(nexts)[None], target)[0, -1]
+                drafts.append(int(draft_logits(estimate, target).argmax()))
+                states.append(estimate)
+                nexts.append(torch.tensor(drafts[-1]))
+            assert proposed[r].tolist() == drafts, f"root {p}"
+
+
+def test_accepted_drafts_are_the_leading_matches_with_the_output():
+    target, head = tiny_head()
+    L, k = 20, 3
+    tokens = torch.randint(0, TINY.vocab, (L,), generator=torch.Generator().manual_seed(3))
+    hidden = torch.randn(L, TINY.hidden)
+    proposed = chain_drafts(head, target, tokens, hidden, 5, k)
+    # Make the output agree with the drafts at root 5 (first two), root 9 (all three), root 17 (to the end).
+    tokens[6:8] = proposed[0, :2]
+    tokens[8] = (proposed[0, 2] + 1) % TINY.vocab
+    accepted = chain_accepted(head, target, tokens, hidden, 5, k)
+    assert accepted[0] == 2 and accepted.max() <= k and len(accepted) == L - 1 - 5
+    assert walk(np.array([2, 0, 0, 3, 1, 0, 0, 0]), 3).tolist() == [2, 3, 0]
+
+
+def test_report_gives_per_position_rates_per_category():
+    report = acceptance_report({"a": [np.array([0, 1, 4])], "b": [np.array([4, 4])]}, 4)
+    assert report["a"]["per_position"][:2] == [2 / 3, 0.5] and report["a"]["tokens_per_step"] == pytest.approx(8 / 3)
+    assert report["all"]["steps"] == 5 and report["all"]["accepted_per_step"] == pytest.approx(13 / 5)
+
+
+def test_head_file_round_trips_and_refuses_another_target(tmp_path):
+    target, head = tiny_head()
+    save_head(head, tmp_path / "head", {"target_shape": target_shape(TINY)})
+    again, meta = load_head(tmp_path / "head", target)
+    tokens, hidden = torch.arange(12) % TINY.vocab, torch.randn(12, TINY.hidden)
+    assert torch.equal(chain_drafts(head, target, tokens, hidden, 4, 3), chain_drafts(again, target, tokens, hidden, 4, 3))
+    other = random_model(LlamaConfig(**{**TINY.__dict__, "hidden": 48, "head_dim": 12})).model
+    with pytest.raises(Exception, match="was trained for a target of shape"):
+        load_head(tmp_path / "head", other)
+
+
+def test_train_eagle_without_prompts_is_one_line_and_exit_2(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "profiler", "train-eagle", "--out", tmp_path / "h"],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "error: --prompts: give training prompts: --prompts FILE (JSONL) and/or --text FILE")

@@ -73,15 +73,16 @@ class LaneAcceptance(AcceptanceModel):
         return proposes.astype(np.int64)
 
     def proposed_tokens(self, rids: np.ndarray, steps: np.ndarray, lanes: np.ndarray) -> np.ndarray:
-        """[n] tokens each request verifies: its lane's drafts + 1; 1 where a lookup lane's history
-        does not match at this step."""
+        """[n] tokens each request verifies: its lane's drafts + 1; 1 where its lane's drafter
+        proposes nothing at this step (an acceptance with a draft_share; combine takes lookup's
+        lane only where it proposes)."""
         lengths = self.verify_of_lane[lanes]
-        if self.request_lane is not None:
-            for i in np.flatnonzero(self.is_lookup):
-                model = self.lanes[i].model
-                rows = lanes == i
-                if isinstance(model, DraftShareAcceptance) and rows.any():
-                    lengths[rows] = np.where(model.drafts(rids[rows], steps[rows]), lengths[rows], 1)
+        for i, lane in enumerate(self.lanes):
+            if not isinstance(lane.model, DraftShareAcceptance) or (self.combine_rule is not None and lane.kind == LOOKUP):
+                continue
+            rows = lanes == i
+            if rows.any():
+                lengths[rows] = np.where(lane.model.drafts(rids[rows], steps[rows]), lengths[rows], 1)
         return lengths
 
     @property

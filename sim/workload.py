@@ -90,7 +90,7 @@ def build_requests(scenario: Scenario) -> Requests:
             closed = min(workload.concurrency, n)
     if workload.arrival != "trace" or workload.trace is None:
         labels = draw_categories(workload.categories, len(prompt), np.random.default_rng([scenario.seed, 5]))
-    category, names = encode_categories(labels, scenario)
+    category, names = encode_categories(labels, scenario, tuple(workload.categories or ()))
     requests = Requests(arrival.astype(float), prompt, output, closed, category, names)
     model = scenario.model_spec
     drafted = scenario.speculation.verify_tokens - 1     # drafts in flight at the last step
@@ -114,14 +114,17 @@ def draw_categories(weights: dict[str, float] | None, count: int, rng: np.random
     return np.asarray(names, dtype=object)[rng.choice(len(names), size=count, p=p / p.sum())]
 
 
-def encode_categories(labels: np.ndarray | None, scenario: Scenario) -> tuple[np.ndarray | None, tuple[str, ...]]:
-    """Category labels as indices into their sorted names; a route's categories must be among them."""
+def encode_categories(labels: np.ndarray | None, scenario: Scenario,
+                      declared: tuple[str, ...] = ()) -> tuple[np.ndarray | None, tuple[str, ...]]:
+    """Category labels as indices into the sorted names (the labels' and the declared weights',
+    which a small draw may leave without a request); a route's categories must be among them."""
     route = scenario.speculation.policy.route
     if labels is None:
         if route is not None:
             raise InputError("workload.trace", "has no category column, which speculation.policy.route needs")
         return None, ()
-    names, index = np.unique(labels.astype(str), return_inverse=True)
+    names = np.array(sorted(set(labels.astype(str)) | set(declared)))
+    index = np.searchsorted(names, labels.astype(str))
     missing = sorted(set(route or ()) - set(names))
     if missing:
         raise InputError("speculation.policy.route", f"category {missing[0]!r} has no request in the workload "

@@ -176,3 +176,18 @@ def test_run_summary_names_the_policy_and_its_lookup_share(tmp_path):
     (line,) = [x for x in proc.stdout.splitlines() if x.lstrip().startswith("policy")]
     share = float(line.split("; ")[1].split("%")[0]) / 100
     assert line.split()[1:4] == ["route", "(code:", "ngram);"] and 0.3 < share < 0.5
+
+
+def test_a_lane_whose_drafter_sometimes_proposes_nothing_verifies_one_token_there():
+    # Route code requests to the method with a draft share: at the steps it drafts nothing they
+    # verify one token and commit one, priced as such; the steps' lengths and draws agree.
+    sometimes = {"method": "eagle", "acceptance": {"tokens_per_step": 2.0, "draft_share": 0.5}}
+    result = sim.simulate(with_policy({"route": {"code": sometimes, "chat": sometimes}}))
+    assert result.run.tokens_per_step == pytest.approx(1.5, abs=0.03)
+    assert set(result.run.tokens_per_step_histogram) == {1, 2}
+
+
+def test_a_routed_category_that_draws_no_request_is_no_error():
+    result = sim.simulate(with_policy({"route": {"rare": LOOKUP}}, categories={"rare": 1e-9, "chat": 1.0},
+                                      requests=16))
+    assert result.run.lookup_share == 0.0

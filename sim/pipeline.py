@@ -265,8 +265,9 @@ class PipelineSimulation:
         lengths = self.row_verify_tokens(n) if n else None
         # A replayed step at which no request drafted (a live policy's plain decode step) is one;
         # so is a step at which no lane proposes (route, combine).
-        no_proposal = lengths is not None and lengths.max() == 1
-        drafting = self.drafting and not (no_proposal and (self.replayed_plain_steps or self.lanes is not None))
+        no_proposal = (lengths is not None and (self.replayed_plain_steps or self.lanes is not None)
+                       and lengths.max() == 1)
+        drafting = self.drafting and not no_proposal
         self.replayed_plain = self.drafting and not drafting and self.lanes is None   # tokens/step skips it
         seconds = cost.step_overhead(n + len(chunks), shares, self.step_verify_tokens if n and drafting else 1)
         plan: dict = {}

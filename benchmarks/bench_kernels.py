@@ -1,4 +1,4 @@
-"""Time kernels.attention (decode, chain, tree, partial KV) against the KV bytes it must read.
+"""Time spec_kernels.attention (decode, chain, tree, partial KV) against the KV bytes it must read.
 
     python benchmarks/bench_kernels.py [--quick] [--out FILE.json]
 
@@ -49,7 +49,7 @@ def tree_mask(Q: int, width: int) -> torch.Tensor:
 
 
 def main() -> None:
-    import kernels
+    import spec_kernels
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -74,7 +74,7 @@ def main() -> None:
                 q = torch.randn(B, heads, Q, D, device=device, dtype=dtype)
                 kv_lens = torch.full((B,), context, dtype=torch.int32, device=device)
                 mask = tree_mask(Q, width).expand(B, Q, Q).to(device) if width else None
-                seconds = time_call(lambda: kernels.attention(q, k, v, kv_lens, tree_mask=mask), device)
+                seconds = time_call(lambda: spec_kernels.attention(q, k, v, kv_lens, tree_mask=mask), device)
                 kv_bytes = 2 * B * kv_heads * context * D * k.element_size()
                 row = {"case": label, "batch": B, "context": context, "query_tokens": Q, "us": seconds * 1e6,
                        "kv_gb_s": kv_bytes / seconds / 1e9}
@@ -90,12 +90,12 @@ def main() -> None:
                     continue
                 q = torch.randn(B, heads, 5, D, device=device, dtype=dtype)
                 kv_lens = torch.full((B,), context, dtype=torch.int32, device=device)
-                k_max, k_min = kernels.block_summaries(k, kv_lens - 5, 16)
-                index, lens = kernels.select_blocks(q, k_max, k_min, budget // 16, sink_tokens=32, window_tokens=128,
+                k_max, k_min = spec_kernels.block_summaries(k, kv_lens - 5, 16)
+                index, lens = spec_kernels.select_blocks(q, k_max, k_min, budget // 16, sink_tokens=32, window_tokens=128,
                                                     kv_lens=kv_lens)
-                seconds = time_call(lambda: kernels.attention(q, k, v, kv_lens, kv_index=index, kv_index_lens=lens),
+                seconds = time_call(lambda: spec_kernels.attention(q, k, v, kv_lens, kv_index=index, kv_index_lens=lens),
                                     device)
-                select = time_call(lambda: kernels.select_blocks(q, k_max, k_min, budget // 16, sink_tokens=32,
+                select = time_call(lambda: spec_kernels.select_blocks(q, k_max, k_min, budget // 16, sink_tokens=32,
                                                                  window_tokens=128, kv_lens=kv_lens), device)
                 rows.append({"case": f"partial {budget}, chain k=4", "batch": B, "context": context, "query_tokens": 5,
                              "us": seconds * 1e6, "selection_us": select * 1e6,

@@ -1,11 +1,11 @@
-"""The live engine with its verification attention in kernels.attention (the CUDA path), run
+"""The live engine with its verification attention in spec_kernels.attention (the CUDA path), run
 through Triton's CPU interpreter on a small random model: the same tokens as the torch path."""
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-import kernels  # noqa: E402
+import spec_kernels  # noqa: E402
 from conftest import KERNEL_DEVICE  # noqa: E402
 from profiler.engine.drafters import NgramDrafter, SelfDrafter  # noqa: E402
 from profiler.engine.model import Llama, LlamaConfig  # noqa: E402
@@ -13,7 +13,7 @@ from profiler.engine.partial import PartialSpec  # noqa: E402
 from profiler.engine.serving import speculative_generate  # noqa: E402
 from profiler.engine.tree import TreeShape  # noqa: E402
 
-if KERNEL_DEVICE == "cpu" and not kernels.INTERPRET:
+if KERNEL_DEVICE == "cpu" and not spec_kernels.INTERPRET:
     pytest.skip("on the CPU the Triton code runs only with TRITON_INTERPRET=1", allow_module_level=True)
 
 CONFIG = LlamaConfig(name="small", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=97,

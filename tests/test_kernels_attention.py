@@ -1,4 +1,4 @@
-"""kernels.attention (Triton, through the CPU interpreter) against a float64 reference on random
+"""spec_kernels.attention (Triton, through the CPU interpreter) against a float64 reference on random
 shapes, random trees, partial-KV indices with padding and unsorted entries, and ragged lengths."""
 import pytest
 
@@ -7,12 +7,12 @@ pytest.importorskip("triton")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-import kernels  # noqa: E402
-from kernels import reference  # noqa: E402
+import spec_kernels  # noqa: E402
+from spec_kernels import reference  # noqa: E402
 
 from conftest import KERNEL_DEVICE as DEVICE  # noqa: E402
 
-if DEVICE == "cpu" and not kernels.INTERPRET:
+if DEVICE == "cpu" and not spec_kernels.INTERPRET:
     pytest.skip("on the CPU the Triton code runs only with TRITON_INTERPRET=1", allow_module_level=True)
 
 
@@ -74,7 +74,7 @@ def build(case, dtype):
 def test_fp32_matches_the_float64_reference(case):
     (q, k, v, kv_lens), kwargs, (q64, k64, v64) = build(case, torch.float32)
     args, device_kwargs = on_device(q, k, v, kv_lens, **kwargs)
-    out = kernels.attention(*args, **device_kwargs).cpu()
+    out = spec_kernels.attention(*args, **device_kwargs).cpu()
     expected = reference.attention(q64, k64, v64, kv_lens, **kwargs)
     assert out.dtype == torch.float32 and not torch.isnan(out).any()
     error = (out.double() - expected).abs().max() / expected.abs().max()
@@ -93,14 +93,14 @@ HALF = [pytest.param(torch.float16, 2e-3, id="fp16"),
 def test_16_bit_matches_the_float64_reference(dtype, tolerance, case):
     (q, k, v, kv_lens), kwargs, _ = build(case, dtype)
     args, device_kwargs = on_device(q, k, v, kv_lens, **kwargs)
-    out = kernels.attention(*args, **device_kwargs).cpu()
+    out = spec_kernels.attention(*args, **device_kwargs).cpu()
     expected = reference.attention(q.double(), k.double(), v.double(), kv_lens, **kwargs)
     assert out.dtype == dtype
     assert (out.double() - expected).abs().max() / expected.abs().max() <= tolerance
 
 
 def test_long_contexts_split_the_keys_and_combine_exactly():
-    from kernels.attention_triton import attention as triton_attention
+    from spec_kernels.attention_triton import attention as triton_attention
 
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 4, 3, 32, generator=g)

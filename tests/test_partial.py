@@ -6,7 +6,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from profiler.engine.model import attend_small_query  # noqa: E402
-from kernels.reference import block_summaries  # noqa: E402
+from spec_kernels.reference import block_summaries  # noqa: E402
 from profiler.engine.partial import PartialSpec, PartialStep, attend_partial, select_kv_index  # noqa: E402
 
 

@@ -174,11 +174,11 @@ def _build_attention(bench: Bench, p: dict):
     attn.v_cache = bench.randn(B, c.kv_heads, S + 1, c.head_dim)
     q = bench.randn(B, c.heads, T, c.head_dim)
     if bench.device == "cuda":
-        import kernels
+        import spec_kernels
 
         kv_lens = torch.full((B,), S, dtype=torch.int32, device=bench.device)
         tree = torch.ones(T, T, dtype=torch.bool, device=bench.device).tril().expand(B, T, T).contiguous()
-        return lambda: kernels.attention(q, attn.k_cache, attn.v_cache, kv_lens, tree_mask=tree)
+        return lambda: spec_kernels.attention(q, attn.k_cache, attn.v_cache, kv_lens, tree_mask=tree)
     mask = _causal_mask(B, T, S, bench.device)
     return lambda: attn.attend_full(q, mask)
 
@@ -197,13 +197,13 @@ def _build_partial_attention(bench: Bench, p: dict):
     index = torch.rand(B, c.kv_heads, S - T, generator=bench.generator).argsort(-1)[..., :N].sort(-1).values
     index = index.to(bench.device)
     if bench.device == "cuda":
-        import kernels
+        import spec_kernels
 
         kv_lens = torch.full((B,), S, dtype=torch.int32, device=bench.device)
         tree = torch.ones(T, T, dtype=torch.bool, device=bench.device).tril().expand(B, T, T).contiguous()
         lens = torch.full((B,), N, dtype=torch.int32, device=bench.device)
         index32 = index.to(torch.int32)
-        return lambda: kernels.attention(q, k_cache, v_cache, kv_lens, tree_mask=tree, kv_index=index32,
+        return lambda: spec_kernels.attention(q, k_cache, v_cache, kv_lens, tree_mask=tree, kv_index=index32,
                                          kv_index_lens=lens)
     mask = _causal_mask(B, T, S, bench.device)
     rows = torch.arange(B, device=bench.device)

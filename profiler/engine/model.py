@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernels.reference import block_summaries
+from spec_kernels.reference import block_summaries
 from profiler.engine.partial import PartialStep, attend_partial, select_kv_index
 from sim.scenario.presets.models import ModelSpec
 
@@ -32,7 +32,7 @@ class LlamaConfig(ModelSpec):
 
 @dataclass
 class KernelLayout:
-    """A verification step in the form kernels.attention takes, used on CUDA: each row's T new
+    """A verification step in the form spec_kernels.attention takes, used on CUDA: each row's T new
     tokens sit at slots kv_lens - T .. kv_lens - 1, and tree_mask says which of them each sees."""
     kv_lens: Tensor            # [B] int32
     tree_mask: Tensor          # [B, T, T] bool
@@ -108,14 +108,14 @@ class Attention(nn.Module):
         return self.wo(out.transpose(1, 2).reshape(B, T, self.heads * self.head_dim))
 
     def attend_kernel(self, q: Tensor, kernel: KernelLayout, partial: PartialStep | None) -> Tensor:
-        """The Triton kernel (kernels.attention): the whole prefix, or for SpecPV's partial rows the
+        """The Triton kernel (spec_kernels.attention): the whole prefix, or for SpecPV's partial rows the
         selected positions (sink + blocks + recent tokens before the new ones)."""
-        import kernels
+        import spec_kernels
 
         B, T = q.shape[0], q.shape[2]
         caches = self.k_cache[:B], self.v_cache[:B]
         if partial is None:
-            return kernels.attention(q, *caches, kernel.kv_lens, tree_mask=kernel.tree_mask)
+            return spec_kernels.attention(q, *caches, kernel.kv_lens, tree_mask=kernel.tree_mask)
         t0 = time.perf_counter()
         new_start = kernel.kv_lens.long() - T
         index_p, valid_p = select_kv_index(q[partial.rows], self.block_max[partial.rows],
@@ -135,7 +135,7 @@ class Attention(nn.Module):
         index = index.gather(-1, order).to(torch.int32)
         lens = valid[:, 0].sum(-1).to(torch.int32)
         partial.selection_s += time.perf_counter() - t0
-        return kernels.attention(q, *caches, kernel.kv_lens, tree_mask=kernel.tree_mask, kv_index=index,
+        return spec_kernels.attention(q, *caches, kernel.kv_lens, tree_mask=kernel.tree_mask, kv_index=index,
                                  kv_index_lens=lens)
 
     def attend_full(self, q: Tensor, mask: Tensor | None, rows: Tensor | None = None, first_row: int = 0) -> Tensor:
@@ -255,7 +255,7 @@ class Llama(nn.Module):
         ([B, 1 or L, vocab]), for ragged inputs padded to a common length.
         exit_layer: run only the first layers, then the final norm and LM head (LayerSkip draft).
         partial: SpecPV rows attending a partial KV cache (profiler.engine.partial).
-        kernel: the same step for kernels.attention, which replaces the torch attention on CUDA.
+        kernel: the same step for spec_kernels.attention, which replaces the torch attention on CUDA.
         prompt: each row's tokens are its prompt at positions and slots 0.. (a shorter prompt padded
         at the end, the padding's K/V sent past the first T slots): attention is causal over the
         first T slots, with no mask (SDPA's causal kernel). A padding query sees slots that are not

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from kernels.reference import quest_bound
+from spec_kernels.reference import quest_bound
 
 
 @dataclass(frozen=True)

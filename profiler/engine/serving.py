@@ -94,7 +94,7 @@ def speculative_generate(model: Llama, prompts: list[list[int]], max_new_tokens:
     """Generation of every prompt as one static batch (prefilled in one forward, decoded until its
     last request finishes, each request leaving the step it finishes), greedy (or sampled with
     `sampler`); speculative when `drafter` is given, drafting a chain of k or `tree`; SpecPV
-    partial verification with `partial`. use_kernels: verification attention by kernels.attention
+    partial verification with `partial`. use_kernels: verification attention by spec_kernels.attention
     (default: on CUDA; on the CPU it needs TRITON_INTERPRET=1 and runs the Triton code
     interpreted, for tests); policy: the drafts each step (profiler.engine.policy)."""
     B = len(prompts)

@@ -1,9 +1,9 @@
 """SubSpec's shadow draft: the target's own decoder layers, weight-only quantized (int8, or int4 in
 groups of 64), sharing the target's embeddings, norms, LM head and KV cache.
 
-The weights are packed by `kernels.quantize` (asymmetric round-to-nearest per group of
+The weights are packed by `spec_kernels.quantize` (asymmetric round-to-nearest per group of
 `group_size` input columns, scale and zero in fp32, the scheme HQQ and GPTQ-style int4 kernels
-store). On CUDA each quantized linear runs `kernels.quant_matmul`, which reads the packed codes:
+store). On CUDA each quantized linear runs `spec_kernels.quant_matmul`, which reads the packed codes:
 the draft crosses memory at 4 or 8 bits a weight. On the CPU it runs with the weights dequantized
 once ("fake quantization"): its outputs, hence its acceptance, are the quantized model's, its
 speed is not a real int4 kernel's.
@@ -15,8 +15,8 @@ import copy
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import kernels
-from kernels.reference import dequantize
+import spec_kernels
+from spec_kernels.reference import dequantize
 from profiler.engine.model import Llama
 
 
@@ -25,7 +25,7 @@ class QuantLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear, bits: int, group_size: int, use_kernel: bool):
         super().__init__()
-        self.packed = kernels.quantize(linear.weight.data.float(), bits, group_size)
+        self.packed = spec_kernels.quantize(linear.weight.data.float(), bits, group_size)
         self.use_kernel = use_kernel
         # The CPU path keeps the dequantized weight; the kernel path only the packed codes.
         self.dense = None if use_kernel else dequantize(self.packed).to(linear.weight.dtype)
@@ -36,14 +36,14 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.use_kernel:
-            return kernels.quant_matmul(x, self.packed)
+            return spec_kernels.quant_matmul(x, self.packed)
         return F.linear(x, self.dense)
 
 
 def shadow_model(target: Llama, bits: int = 4, group_size: int = 64, use_kernels: bool | None = None) -> Llama:
     """A copy of `target` whose decoder-layer linears are QuantLinear; embeddings, norms and LM
     head are the target's own modules, and so are the KV caches once `share_caches` is called
-    after `target.setup_cache`. use_kernels: kernels.quant_matmul (default: on CUDA)."""
+    after `target.setup_cache`. use_kernels: spec_kernels.quant_matmul (default: on CUDA)."""
     if use_kernels is None:
         use_kernels = target.lm_head.weight.is_cuda
     shadow = copy.deepcopy(target)

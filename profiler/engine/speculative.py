@@ -213,7 +213,7 @@ class StepLayout:
     kv_tokens: list[int]
     refed: list[int]
     partial: PartialStep | None
-    kernel: KernelLayout | None       # on CUDA: the step as kernels.attention takes it
+    kernel: KernelLayout | None       # on CUDA: the step as spec_kernels.attention takes it
 
 
 def _lay_out_step(alive: list[RequestState], modes: list[str], nodes: Tensor | None, shape: TreeShape | None,

@@ -1,7 +1,7 @@
 """Plain-torch references of the kernels: the same signatures, the definitions the Triton code is
 tested against, and what runs on the CPU.
 
-Attention semantics, shared with `kernels.attention`:
+Attention semantics, shared with `spec_kernels.attention`:
   q [B, Hq, Q, D]            queries of each request's Q newest tokens
   k_cache, v_cache [B, Hkv, S, D], Hq a multiple of Hkv (query head h reads KV head h // group)
   kv_lens [B]                valid cache length including the Q new tokens, which sit at

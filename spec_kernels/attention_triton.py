@@ -1,6 +1,6 @@
 """One Triton attention kernel for decode, chain and tree verification, and partial verification.
 
-Semantics: kernels/reference.py. The program for (request b, KV head h, split s) packs the
+Semantics: spec_kernels/reference.py. The program for (request b, KV head h, split s) packs the
 query heads of h's GQA group into the rows of one tile (row = head_in_group * Q + token), so each
 KV tile is read once per group. Its keys are a virtual list: first the prefix positions the
 request reads (all of them, or kv_index[b, h, :kv_index_lens[b]]), then the Q new tokens at

@@ -1,6 +1,6 @@
 """Triton kernels for SpecPV's block selection: per-block key max/min summaries, and Quest scores
 of every block for a step's queries (reduced over the queries and the GQA group). The top-k and
-the assembly of the index (sink, chosen blocks, window) stay in torch (kernels/reference.py).
+the assembly of the index (sink, chosen blocks, window) stay in torch (spec_kernels/reference.py).
 """
 from __future__ import annotations
 

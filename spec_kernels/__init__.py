@@ -1,5 +1,5 @@
 """Math only: Triton kernels for attention (decode, chain and tree verification, partial KV), block
-selection and weight-only quantized matmul, each with a torch reference (kernels/reference.py).
+selection and weight-only quantized matmul, each with a torch reference (spec_kernels/reference.py).
 
 Dispatch: CUDA tensors run the Triton kernels; CPU tensors run the references, unless
 TRITON_INTERPRET=1 was set before this package was imported, which runs the Triton code through
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from kernels import reference
+from spec_kernels import reference
 
 __all__ = ["attention", "block_summaries", "select_blocks", "quantize", "quant_matmul", "reference", "uses_triton"]
 
@@ -23,11 +23,11 @@ def uses_triton(tensor) -> bool:
 
 
 def attention(q, k_cache, v_cache, kv_lens, *, tree_mask=None, kv_index=None, kv_index_lens=None, sm_scale=None):
-    """Attention of each request's Q new tokens over its cache (see kernels/reference.py):
+    """Attention of each request's Q new tokens over its cache (see spec_kernels/reference.py):
     q [B, Hq, Q, D]; k_cache, v_cache [B, Hkv, S, D]; kv_lens [B]; tree_mask [B, Q, Q] bool;
     kv_index [B, Hkv, N] int32 with kv_index_lens [B]. Returns [B, Hq, Q, D] in q's dtype."""
     if uses_triton(q):
-        from kernels.attention_triton import attention as triton_attention
+        from spec_kernels.attention_triton import attention as triton_attention
 
         return triton_attention(q, k_cache, v_cache, kv_lens, tree_mask=tree_mask, kv_index=kv_index,
                                 kv_index_lens=kv_index_lens, sm_scale=sm_scale)
@@ -39,7 +39,7 @@ def block_summaries(k_cache, kv_lens, block: int = 16):
     """Per-channel key max and min of every complete block below each request's length:
     (k_max, k_min) [B, Hkv, max(kv_lens) // block, D]; incomplete blocks are zero."""
     if uses_triton(k_cache):
-        from kernels.selection_triton import block_summaries as triton_summaries
+        from spec_kernels.selection_triton import block_summaries as triton_summaries
 
         return triton_summaries(k_cache, kv_lens, block)
     return reference.block_summaries(k_cache, kv_lens, block)
@@ -47,9 +47,9 @@ def block_summaries(k_cache, kv_lens, block: int = 16):
 
 def select_blocks(q, k_max, k_min, budget_blocks, *, sink_tokens, window_tokens, kv_lens, block: int = 16,
                   reduce: str = "mean"):
-    """SpecPV's partial KV for `attention` (see kernels/reference.py): (kv_index, kv_index_lens)."""
+    """SpecPV's partial KV for `attention` (see spec_kernels/reference.py): (kv_index, kv_index_lens)."""
     if uses_triton(q):
-        from kernels.selection_triton import block_scores
+        from spec_kernels.selection_triton import block_scores
 
         scores = block_scores(q, k_max, k_min, reduce)
     else:
@@ -65,7 +65,7 @@ def quantize(w, bits: int = 4, group_size: int = 64) -> dict:
 def quant_matmul(x, packed: dict):
     """x [..., in] @ dequantize(packed).T -> [..., out] in x's dtype, fp32 accumulation."""
     if uses_triton(x):
-        from kernels.quant_triton import quant_matmul as triton_quant_matmul
+        from spec_kernels.quant_triton import quant_matmul as triton_quant_matmul
 
         return triton_quant_matmul(x, packed)
     return reference.quant_matmul(x, packed)

@@ -1,6 +1,6 @@
 """Weight-only int4 / int8 matmul for the shadow draft: y = x @ dequantize(W).T.
 
-W is stored as kernels.reference.quantize packs it: codes [N, K] uint8 (int8) or [N, K/2] (int4,
+W is stored as spec_kernels.reference.quantize packs it: codes [N, K] uint8 (int8) or [N, K/2] (int4,
 two per byte, low nibble first), scale and zero [N, K / group_size] fp32. Each program computes a
 BLOCK_M x BLOCK_N tile of y, walking K in steps of BLOCK_K (a divisor of the group size, so one
 scale and zero per row per step), dequantizing the codes in registers and accumulating in fp32:

@@ -32,6 +32,8 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-model", default="smollm2", help="draft_model: the draft (same forms as --model)")
     parser.add_argument("--draft-layers", type=int, default=None,
                         help="draft_model: keep only the draft's first N layers (a smaller model from one checkpoint)")
+    parser.add_argument("--head", type=Path, default=None,
+                        help="eagle: the head folder (head.safetensors + head.json) python -m profiler train-eagle wrote")
     parser.add_argument("--bits", type=int, choices=(4, 8), default=4, help="shadow: weight bits of the draft")
     parser.add_argument("--group-size", type=int, default=64, help="shadow: quantization group (input columns)")
     parser.add_argument("--exit-layer", type=int, default=8, help="layerskip: layers the draft runs")
@@ -247,6 +249,8 @@ def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
     for name in ("lr", "cls_weight", "cls_share", "noise"):
         parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
+    parser.add_argument("--hard-labels", dest="soft_labels", action="store_false",
+                        help="token loss against the target's greedy token instead of its whole distribution")
     parser.add_argument("--quick", action="store_true",
                         help="a few minutes' run for tests: " + ", ".join(f"{k} {v}" for k, v in QUICK.items()))
 

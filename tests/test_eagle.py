@@ -9,7 +9,7 @@ import torch
 
 from conftest import REPO
 from profiler.eagle.evaluate import acceptance_report, chain_accepted, chain_drafts, walk
-from profiler.eagle.head import EagleHead, draft_logits, load_head, save_head, target_shape
+from profiler.engine.eagle_head import EagleHead, draft_logits, load_head, save_head, target_shape
 from profiler.engine.loaders import random_model
 from profiler.engine.model import LlamaConfig
 

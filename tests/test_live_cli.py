@@ -78,13 +78,22 @@ def test_live_run_writes_steps_requests_summary_outputs_and_meta(tmp_path):
      "--policy: goodput chooses a chain's k"),
     (["--policy", "off_above_batch:2", "--budget", "16"], "--policy: off_above_batch does not combine with --budget"),
 ])
-def test_bad_live_arguments_are_one_line_and_write_nothing(tmp_path, args, message):
+def test_bad_live_arguments_are_one_line_and_write_nothing(tmp_path, args, message, capsys, monkeypatch):
+    # The command's own entry point, in this process: the same parsing, checks and error path as
+    # `python -m profiler live` (which test_live_run_writes_... runs), without a process start each.
+    from profiler.cli import main
+
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "hi"}) + "\n")
     out = tmp_path / "out"
-    proc = live("--prompts", prompts, "--out", out, *args)
-    assert proc.returncode == 2
-    assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+    monkeypatch.chdir(REPO)
+    try:
+        code = main(["live", "--prompts", str(prompts), "--out", str(out), *args])
+    except SystemExit as exc:          # argparse's usage errors
+        code = exc.code
+    stderr = capsys.readouterr().err
+    assert code == 2
+    assert stderr.count("\n") == 1 and message in stderr, stderr
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["p.jsonl"]
 
 

@@ -10,6 +10,8 @@ from scipy import stats  # noqa: E402
 from profiler.engine.model import Llama, LlamaConfig  # noqa: E402
 from profiler.engine.sampling import probs_from_logits  # noqa: E402
 from profiler.engine.drafters import NgramDrafter, SelfDrafter  # noqa: E402
+from profiler.engine.eagle_drafter import EagleDrafter  # noqa: E402
+from profiler.engine.eagle_head import EagleHead  # noqa: E402
 from profiler.engine.serving import speculative_generate  # noqa: E402
 from profiler.engine.speculative import Sampler  # noqa: E402
 from profiler.engine.tree import TreeShape  # noqa: E402
@@ -27,6 +29,16 @@ def tiny_model():
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.6)
     return model.eval()
+
+
+def eagle_drafter():
+    """An EAGLE drafter with a random head (its drafts agree with the target some of the time)."""
+    head = EagleHead(CONFIG)
+    generator = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator) * 0.6)
+    return EagleDrafter(head.eval())
 
 
 @torch.inference_mode()
@@ -66,8 +78,8 @@ def chi_square_p(counts: dict[tuple, int], joint: dict[tuple, float], total: int
 @pytest.mark.parametrize("drafter,top_p,tree", [
     (SelfDrafter(exit_layer=1), 1.0, None), (SelfDrafter(exit_layer=1), 0.8, None), (NgramDrafter(), 1.0, None),
     (SelfDrafter(exit_layer=1), 1.0, TreeShape(2, 2)), (SelfDrafter(exit_layer=1), 0.8, TreeShape(3, 1)),
-    (NgramDrafter(), 1.0, TreeShape(2, 2))],
-    ids=["layerskip", "layerskip-top-p", "ngram", "tree-2x2", "tree-3x1-top-p", "ngram-tree-2x2"])
+    (NgramDrafter(), 1.0, TreeShape(2, 2)), (eagle_drafter(), 1.0, None)],
+    ids=["layerskip", "layerskip-top-p", "ngram", "tree-2x2", "tree-3x1-top-p", "ngram-tree-2x2", "eagle"])
 def test_rejection_sampling_reproduces_the_target_distribution(drafter, top_p, tree):
     # Chains: Leviathan's rejection sampling; trees: SpecInfer's recursive rejection over the
     # children (i.i.d. samples of the draft, or distinct deterministic n-gram candidates).

@@ -9,7 +9,9 @@ pytest.importorskip("gguf")
 
 from profiler.engine.drafters import DraftModelDrafter, NgramDrafter, SelfDrafter, ShadowDrafter  # noqa: E402
 from profiler.engine.partial import PartialSpec  # noqa: E402
-from conftest import small_draft, spec_bench_rows  # noqa: E402
+from conftest import REPO, small_draft, spec_bench_rows  # noqa: E402
+from profiler.engine.eagle_drafter import EagleDrafter  # noqa: E402
+from profiler.engine.eagle_head import load_head  # noqa: E402
 from profiler.engine.serving import speculative_generate  # noqa: E402
 from profiler.engine.tree import TreeShape  # noqa: E402
 
@@ -34,6 +36,10 @@ CASES = {
     "tree-ngram-3x2": lambda m: dict(drafter=NgramDrafter(), tree=TreeShape(3, 2)),
     "draft-model-chain": lambda m: dict(drafter=DraftModelDrafter(small_draft(m, 20)), k=3),
     "draft-model-tree-2x2": lambda m: dict(drafter=DraftModelDrafter(small_draft(m, 20)), tree=TreeShape(2, 2)),
+    # The committed EAGLE head (python -m profiler train-eagle, docs/live.md).
+    "eagle-chain": lambda m: dict(drafter=EagleDrafter(load_head(REPO / "heads" / "smollm2-135m-eagle", m)[0]), k=4),
+    "eagle-tree-2x3": lambda m: dict(drafter=EagleDrafter(load_head(REPO / "heads" / "smollm2-135m-eagle", m)[0]),
+                                     tree=TreeShape(2, 3)),
     "specpv-rectify-ngram": lambda m: dict(drafter=NgramDrafter(), k=3, partial=PartialSpec(**SMALL_PV, rectify=True)),
     "specpv-rectify-shadow-steps": lambda m: dict(drafter=ShadowDrafter(m, bits=8), k=3, partial=PartialSpec(
         budget=32, sink=16, window=16, period=2, period_unit="steps", rectify=True)),

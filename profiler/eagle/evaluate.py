@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from profiler.eagle.head import EagleHead, draft_logits, rotations
-from profiler.engine.model import Llama, apply_rope
+from profiler.engine.eagle_head import EagleHead, draft_logits, rotations
+from profiler.engine.model import Llama
 
 
 def chain_accepted(head: EagleHead, target: Llama, tokens: Tensor, hidden: Tensor, first_root: int, k: int) -> np.ndarray:
@@ -40,19 +40,14 @@ def chain_drafts(head: EagleHead, target: Llama, tokens: Tensor, hidden: Tensor,
     tokens, hidden = tokens.to(hidden.device), hidden.to(dtype)
     L = len(tokens)
     roots = torch.arange(first_root, L - 1)
-    block, a = head.layer, head.layer.attention
+    a = head.layer.attention
     # Teacher entries e_i = (f_i, t_(i+1)), i = 0..L-2, at position i.
     x = head.fuse(hidden[None, :-1], tokens[None, 1:], target)                    # [1, L-1, H]
     n = L - 1
-    positions = torch.arange(n)
-    qkv = a.wqkv(block.attention_norm(x)).view(1, n, a.heads + 2 * a.kv_heads, a.head_dim)
-    qk = apply_rope(qkv[:, :, :a.heads + a.kv_heads], rotations(target, positions)[None, :, None]).transpose(1, 2)
-    q_t, keys = qk.split([a.heads, a.kv_heads], dim=1)
-    values = qkv[:, :, a.heads + a.kv_heads:].transpose(1, 2)
+    q_t, keys, values = head.project(x, rotations(target, torch.arange(n))[None, :, None])
     out = torch.nn.functional.scaled_dot_product_attention(q_t, keys, values, is_causal=True,
                                                            enable_gqa=a.heads != a.kv_heads)
-    h = x + a.wo(out.transpose(1, 2).reshape(1, n, -1))
-    estimates = head.unstandardize(h + block.feed_forward(block.ffn_norm(h)))[0]  # [L-1, H]: estimate of f_(i+1)
+    estimates = head.unstandardize(x + head.feed(x, out))[0]                      # [L-1, H]: estimate of f_(i+1)
     group = a.heads // a.kv_heads
     keys, values = keys[0].repeat_interleave(group, 0), values[0].repeat_interleave(group, 0)   # [Hq, n, D]
 
@@ -65,12 +60,10 @@ def chain_drafts(head: EagleHead, target: Llama, tokens: Tensor, hidden: Tensor,
     for j in range(2, k + 1):
         position = roots + j - 2
         x = head.fuse(feature[:, None], draft[:, None], target)                   # [R, 1, H]
-        R = len(roots)
-        qkv = a.wqkv(block.attention_norm(x)).view(R, 1, a.heads + 2 * a.kv_heads, a.head_dim)
-        qk = apply_rope(qkv[:, :, :a.heads + a.kv_heads], rotations(target, position)[:, None, None])
-        q, k_new = qk[:, 0, :a.heads], qk[:, 0, a.heads:]                          # [R, Hq, D], [R, Hkv, D]
-        own_k.append(k_new.repeat_interleave(group, 1))
-        own_v.append(qkv[:, 0, a.heads + a.kv_heads:].repeat_interleave(group, 1))
+        q, k_new, v_new = head.project(x, rotations(target, position)[:, None, None])
+        q = q[:, :, 0]                                                            # [R, Hq, D]
+        own_k.append(k_new[:, :, 0].repeat_interleave(group, 1))                  # [R, Hq, D]
+        own_v.append(v_new[:, :, 0].repeat_interleave(group, 1))
         teacher = torch.einsum("rhd,hnd->rhn", q, keys) * scale
         teacher = teacher.masked_fill(~visible[:, None, :], float("-inf"))
         chain_k, chain_v = torch.stack(own_k, 2), torch.stack(own_v, 2)           # [R, Hq, j-1, D]
@@ -78,8 +71,7 @@ def chain_drafts(head: EagleHead, target: Llama, tokens: Tensor, hidden: Tensor,
         weights = torch.softmax(torch.cat([teacher, chain], -1).float(), -1).to(q.dtype)
         attended = (torch.einsum("rhn,hnd->rhd", weights[..., :n], values)
                     + torch.einsum("rhc,rhcd->rhd", weights[..., n:], chain_v))
-        h = x[:, 0] + a.wo(attended.reshape(R, -1))
-        feature = head.unstandardize(h + block.feed_forward(block.ffn_norm(h)))
+        feature = head.unstandardize(x + head.feed(x, attended[:, :, None]))[:, 0]
         draft = draft_logits(feature, target).argmax(-1)
         drafts.append(draft)
     return torch.stack(drafts, 1)

@@ -51,6 +51,7 @@ class TrainEagleConfig(BaseModel):
     cls_weight: float = 0.1
     cls_share: float = 0.15
     noise: float = 0.1                   # uniform noise on input features, +- this
+    soft_labels: bool = True             # token loss against the target's whole distribution, not its argmax
     eval_k: int = 4
     checkpoint_every: int = 100
     seed: int = 0
@@ -66,7 +67,7 @@ def train_eagle(config: TrainEagleConfig) -> int:
     from tqdm import tqdm
 
     from profiler.eagle.data import build_examples, chat_prompts, text_prompts
-    from profiler.eagle.head import EagleHead, save_head, target_shape
+    from profiler.engine.eagle_head import EagleHead, save_head, target_shape
     from profiler.live.run import load_model
     from sim.formats.files import write_file_atomic
     from sim.formats.provenance import git_revision, repo_relative, versions
@@ -165,7 +166,8 @@ def train_eagle(config: TrainEagleConfig) -> int:
                  "train_tokens": int(sum(len(e.tokens) for e in train)), "eval_sequences": len(held)},
         "training": {"steps": step, "epochs": config.epochs, "batch_sequences": config.batch_sequences,
                      "lr": config.lr, "cls_weight": config.cls_weight, "cls_share": config.cls_share,
-                     "noise": config.noise, "final_epoch_regression_loss": float(last[:, 0].mean()),
+                     "noise": config.noise, "soft_labels": config.soft_labels,
+                     "final_epoch_regression_loss": float(last[:, 0].mean()),
                      "final_epoch_classification_loss": float(last[:, 1].mean())},
         "evaluation": evaluation, "seed": config.seed, "git_revision": git_revision(), "versions": versions(("torch",)),
         "wall_s": round(time.time() - started, 1),
@@ -204,7 +206,7 @@ def batch_loss(head, target, rows, config: TrainEagleConfig, generator):
     import torch
     import torch.nn.functional as F
 
-    from profiler.eagle.head import draft_logits
+    from profiler.engine.eagle_head import draft_logits
 
     L = max(len(e.tokens) for e in rows)
     B, H = len(rows), target.config.hidden
@@ -224,7 +226,13 @@ def batch_loss(head, target, rows, config: TrainEagleConfig, generator):
     if not chosen.any():
         chosen = mask
     logits = draft_logits(estimates[chosen], target)
-    classification = F.cross_entropy(logits, labels[:, 1:][chosen])
+    if config.soft_labels:
+        # EAGLE's token loss: cross-entropy against the target's own distribution at f_(i+1).
+        with torch.no_grad():
+            wanted = torch.softmax(draft_logits(hidden[:, 1:][chosen], target), -1)
+        classification = F.cross_entropy(logits, wanted)
+    else:
+        classification = F.cross_entropy(logits, labels[:, 1:][chosen])
     return regression + config.cls_weight * classification, regression.detach(), classification.detach()
 
 

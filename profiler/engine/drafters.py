@@ -69,6 +69,15 @@ class Drafter:
     def swap_rows(self, a: int, b: int, length: int) -> None:
         """The target exchanged cache rows a and b (own caches only)."""
 
+    # A drafter that reads the target's hidden states (EAGLE) sets reads_hidden; the engine then
+    # keeps them (Llama.keep_hidden) and hands over those of the committed positions.
+    reads_hidden = False
+
+    def take_hidden(self, hidden: Tensor, spans: list[tuple[int, int, list[int]]]) -> None:
+        """After a verification (or a plain decode step): the forward's hidden states [M, T, H]
+        and, per decoding row, (row, first position, the indices in T of the committed positions
+        first, first + 1, ...)."""
+
 
 class NgramDrafter(Drafter):
     """Prompt lookup over prompt + output: the tokens after the latest earlier occurrence of the
@@ -151,16 +160,21 @@ class ModelDrafter(Drafter):
             nodes[:, at] = chosen.reshape(B, shape.width)
             if level == shape.depth:
                 break
-            # Feed this level's nodes (one per branch) to get the next level.
-            tokens = nodes[:, at]
-            slots = root[:, None] + 1 + at
-            positions = root[:, None] + level
-            span = int(root.max()) + 1 + shape.nodes
-            mask = context_mask(root[:, None].expand(B, shape.width), positions, span, self.sink, self.window)
-            mask = add_tree_edges(mask, torch.arange(shape.width, device=device).expand(B, -1),
-                                  root[:, None] + 1 + torch.arange(shape.nodes, device=device), shape.ancestors[at.cpu()])
-            logits = model(tokens, positions, mask=mask, slots=slots, exit_layer=self.exit_layer)     # [B, W, V]
+            logits = self.feed_level(model, step, level, nodes[:, at])                 # [B, W, V]
         return nodes, probs
+
+    def feed_level(self, model: Llama, step: DraftInput, level: int, tokens: Tensor) -> Tensor:
+        """Feed this level's nodes [B, W] (one per branch) and return the next level's logits [B, W, V]."""
+        shape, root = step.shape, step.positions
+        B, device = len(root), root.device
+        at = shape.level_nodes(level).to(device)
+        slots = root[:, None] + 1 + at
+        positions = root[:, None] + level
+        span = int(root.max()) + 1 + shape.nodes
+        mask = context_mask(root[:, None].expand(B, shape.width), positions, span, self.sink, self.window)
+        mask = add_tree_edges(mask, torch.arange(shape.width, device=device).expand(B, -1),
+                              root[:, None] + 1 + torch.arange(shape.nodes, device=device), shape.ancestors[at.cpu()])
+        return model(tokens, positions, mask=mask, slots=slots, exit_layer=self.exit_layer)
 
 
 class SelfDrafter(ModelDrafter):

@@ -226,6 +226,10 @@ class Llama(nn.Module):
         if config.tied_embeddings:
             self.lm_head.weight = self.embed.weight
         self.register_buffer("rope", torch.empty(0, dtype=torch.complex64), persistent=False)
+        # An EAGLE drafter reads the target's last hidden states: with keep_hidden, every forward
+        # leaves them, [B, T, hidden] before the final norm, in kept_hidden.
+        self.keep_hidden = False
+        self.kept_hidden: Tensor | None = None
 
     def setup_cache(self, batch: int, max_seq: int) -> None:
         """Allocate each layer's KV cache [batch, H_kv, max_seq, D] and the RoPE tables."""
@@ -269,6 +273,8 @@ class Llama(nn.Module):
         B = tokens.shape[0]
         for layer in self.layers[:exit_layer]:
             x = layer(x, cache_index, rotation, mask, partial, kernel, first_row)
+        if self.keep_hidden:
+            self.kept_hidden = x
         if logits_at is not None:
             at = logits_at if logits_at.dim() == 2 else logits_at[:, None]
             x = x[torch.arange(B, device=x.device)[:, None], at]

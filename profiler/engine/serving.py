@@ -178,7 +178,7 @@ def serve(model: Llama, prompts: list[list[int]], max_new_tokens: int, drafter: 
                 elif tree is None and k_now != shape.depth:
                     step_shape = TreeShape(1, k_now)
             records = run_step(model, alive, step_drafter, step_shape, sampler, partial, max_new_tokens, eos_id, step,
-                               use_kernels, start)
+                               use_kernels, start, reader=drafter)
             if policy is not None:
                 policy.observe(records)
             out.steps += records

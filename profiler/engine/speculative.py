@@ -114,11 +114,12 @@ def refeed_room(partial: PartialSpec | None, nodes_per_step: int) -> int:
 
 def run_step(model: Llama, alive: list[RequestState], drafter: Drafter | None, shape: TreeShape | None,
              sampler: Sampler | None, partial: PartialSpec | None, max_new_tokens: int, eos_id: int | None, step: int,
-             use_kernels: bool, start: float) -> list[StepRecord]:
+             use_kernels: bool, start: float, reader: Drafter | None = None) -> list[StepRecord]:
     """One engine step of the requests decoding in cache rows 0..len(alive) - 1: draft, verify in
     one target forward, commit each request's accepted tokens (its history grows), move the
     accepted tree nodes' KV, refresh SpecPV summaries. Returns a record per request; `start`: the
-    clock the records' end_s counts from."""
+    clock the records' end_s counts from. reader: a drafter that reads the target's hidden states
+    (EAGLE) gets those of the committed positions, even at a step it did not draft."""
     device = model.lm_head.weight.device
     sync = device_sync(device)
     nodes_per_step = shape.nodes if shape is not None else 0
@@ -139,7 +140,7 @@ def run_step(model: Llama, alive: list[RequestState], drafter: Drafter | None, s
     sync()
     t2 = time.perf_counter()
     selection_s = layout.partial.selection_s if layout.partial is not None else 0.0
-    moves, refreshed, records = [], [], []
+    moves, refreshed, records, hidden = [], [], [], []
     at = (torch.tensor(layout.verify_from)[:, None] + torch.arange(1 + nodes_per_step)).to(device)
     verify_logits = logits.gather(1, at[..., None].expand(-1, -1, logits.shape[-1]))          # [M, 1 + N, V]
     chains = _verify_chains(verify_logits, nodes, sampler, node_probs) if shape is None or shape.width == 1 else None
@@ -160,6 +161,13 @@ def run_step(model: Llama, alive: list[RequestState], drafter: Drafter | None, s
             root = r.position
             moves += [(b, root + 1 + n, root + 1 + i) for i, n in enumerate(path[:len(new)]) if n != i]
             r.history.extend(new)
+        if reader is not None and reader.reads_hidden:
+            # Committed positions whose states this forward computed: the re-fed tokens, the root,
+            # and the accepted nodes (those of a rolled-back row only up to its new root).
+            o = layout.refed[b]
+            first = r.refresh if rolled_back else r.position - len(new) - o
+            at_layout = list(range(o + 1)) + [o + 1 + n for n in path]
+            hidden.append((b, first, at_layout[:max(0, min(len(at_layout), r.position - first))]))
         if modes[b] == "full":
             refreshed.append(b)
         elif modes[b] == "partial":
@@ -168,6 +176,8 @@ def run_step(model: Llama, alive: list[RequestState], drafter: Drafter | None, s
                                   nodes_per_step, len(path), 1 - rolled_back if rolled_back else len(new),
                                   flags, t1 - t0, t2 - t1 - selection_s, 0.0, refed=layout.refed[b],
                                   rolled_back=rolled_back))
+    if hidden:
+        reader.take_hidden(model.kept_hidden, hidden)
     if moves:
         rows, source, target = (torch.tensor(column, device=device) for column in zip(*moves))
         model.move_kv(rows, source, target)

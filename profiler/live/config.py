@@ -25,6 +25,7 @@ class LiveConfig(BaseModel):
     tree: tuple[int, int] | None = None  # a static tree instead of the chain: W branches of D tokens
     draft_model: str = "smollm2"         # draft_model: the draft (same forms as model)
     draft_layers: int | None = None      # draft_model: keep only the draft's first N layers
+    head: Path | None = None             # eagle: the head folder (python -m profiler train-eagle)
     bits: Literal[4, 8] = 4              # shadow: weight bits of the draft
     group_size: int = 64                 # shadow: quantization group (input columns)
     exit_layer: int = 8                  # layerskip: layers the draft runs
@@ -67,7 +68,7 @@ class LiveConfig(BaseModel):
         """The settings as meta.json records them (`arguments`): paths relative to the repository;
         no prompts file in long-context mode, which cuts its prompts from `text`."""
         values = self.model_dump(mode="json")
-        for name in ("tokenizer", "prompts", "text", "arrivals", "calibration", "out"):
+        for name in ("tokenizer", "head", "prompts", "text", "arrivals", "calibration", "out"):
             values[name] = repo_relative(getattr(self, name))
         if self.context is not None:
             values["prompts"] = None
@@ -123,6 +124,9 @@ def check_config(settings: LiveConfig) -> None:
             raise InputError("--rectify", "re-checks greedy choices; it takes no --temperature")
     elif settings.rectify:
         raise InputError("--rectify", "needs --budget (partial verification)")
+    if (settings.method == "eagle") != (settings.head is not None):
+        raise InputError("--head", "--method eagle drafts with a head: give --head DIR (python -m profiler train-eagle)"
+                         if settings.method == "eagle" else "is the eagle method's head; give --method eagle")
     if settings.tree is not None and settings.method == "none":
         raise InputError("--tree", "needs a drafter (--method other than none)")
     kind, _ = parse_policy(settings.policy)

@@ -41,6 +41,11 @@ def make_drafter(settings: LiveConfig, model, dtype):
         return DraftModelDrafter(draft.model)
     if settings.method == "ngram":
         return NgramDrafter()
+    if settings.method == "eagle":
+        from profiler.engine.eagle_drafter import EagleDrafter
+        from profiler.engine.eagle_head import load_head
+
+        return EagleDrafter(load_head(settings.head, model)[0])
     if settings.method == "shadow":
         c = model.config
         widths = (c.hidden, c.ffn, c.heads * c.head_dim)       # the input widths of the quantized linears

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from sim.errors import InputError
 
-# Every method a scenario can speculate with; the live engine runs LIVE_METHODS of them (the heads,
-# EAGLE, MTP and Medusa, are simulated only).
+# Every method a scenario can speculate with; the live engine runs LIVE_METHODS of them (EAGLE with
+# a head trained by `python -m profiler train-eagle`; EAGLE-3, MTP and Medusa are simulated only).
 METHODS = ("none", "ngram", "draft_model", "eagle", "eagle3", "mtp", "medusa", "shadow", "layerskip",
            "streaming")
-LIVE_METHODS = ("none", "ngram", "shadow", "layerskip", "streaming", "draft_model")
+LIVE_METHODS = ("none", "ngram", "shadow", "layerskip", "streaming", "draft_model", "eagle")
 
 # The simulator's phases, in the order of Result.time_share (sim/cost/batch.py indexes them).
 PHASES = ("prefill", "decode", "verify", "partial_verify", "full_verify", "draft", "selection",

@@ -139,6 +139,10 @@ def speculation_of(run: LiveRun, acceptance: dict, disagreement: dict | None) ->
         spec["num_speculative_tokens"] = int(a["k"])
     if run.method == "shadow":
         spec["draft"] = {"bits": int(a["bits"]), "group_size": int(a["group_size"])}
+    elif run.method == "eagle":
+        # The live head (profiler/engine/eagle_head.py): one decoder layer of the target's shape, the fusion
+        # linear and the target's own LM head, with a KV cache of its own: the simulator's eagle.
+        spec["draft"] = {"layers": 1}
     elif run.method == "layerskip":
         spec["draft"] = {"exit_layer": int(a["exit_layer"])}
     elif run.method == "streaming":

@@ -64,16 +64,26 @@ class EagleHead(nn.Module):
 
     def attend_and_feed(self, x: Tensor, rotation: Tensor) -> Tensor:
         """The layer's residual update of x [B, T, H], causal over T, in plain torch (differentiable)."""
+        q, k, v = self.project(x, rotation)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+        return self.feed(x, out)
+
+    def project(self, x: Tensor, rotation: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The layer's rotated queries [B, Hq, T, D], keys and values [B, Hkv, T, D] of x [B, T, H]
+        (rotation [B or 1, T, 1, D/2])."""
         block, a = self.layer, self.layer.attention
         B, T, _ = x.shape
         qkv = a.wqkv(block.attention_norm(x)).view(B, T, a.heads + 2 * a.kv_heads, a.head_dim)
         qk = apply_rope(qkv[:, :, :a.heads + a.kv_heads], rotation).transpose(1, 2)
         q, k = qk.split([a.heads, a.kv_heads], dim=1)
-        v = qkv[:, :, a.heads + a.kv_heads:].transpose(1, 2)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=a.heads != a.kv_heads)
-        attended = a.wo(out.transpose(1, 2).reshape(B, T, a.heads * a.head_dim))
-        h = x + attended
-        return attended + block.feed_forward(block.ffn_norm(h))
+        return q, k, qkv[:, :, a.heads + a.kv_heads:].transpose(1, 2)
+
+    def feed(self, x: Tensor, attended: Tensor) -> Tensor:
+        """The layer's residual update of x [B, T, H] given its attention's output [B, Hq, T, D]."""
+        block, a = self.layer, self.layer.attention
+        B, T, _ = x.shape
+        update = a.wo(attended.transpose(1, 2).reshape(B, T, a.heads * a.head_dim))
+        return update + block.feed_forward(block.ffn_norm(x + update))
 
 
 def rotations(target: Llama, positions: Tensor) -> Tensor:

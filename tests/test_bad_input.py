@@ -7,6 +7,25 @@ import yaml
 
 from conftest import REPO
 
+
+@pytest.fixture
+def sim_cli(capsys, monkeypatch):
+    """`python -m sim ARGS` through the command's own entry point in this process (the same parsing,
+    checks and error path, without a process start per case; test_missing_and_malformed_scenario_files
+    runs the real command): (exit code, stdout, stderr)."""
+    from sim.cli import main
+
+    monkeypatch.chdir(REPO)
+
+    def run(*argv):
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as exc:          # argparse's usage errors
+            code = exc.code
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+    return run
+
 BASE = {"hardware": "h100-sxm", "model": "llama-3.1-8b",
         "workload": {"concurrency": 2, "requests": 4, "prompt_tokens": 64, "output_tokens": 32},
         "speculation": {"method": "eagle", "acceptance": {"rate": 0.7}}}
@@ -79,18 +98,16 @@ CASES = [
 
 
 @pytest.mark.parametrize("name,scenario,message", CASES, ids=[c[0] for c in CASES])
-def test_bad_scenario_is_one_line_naming_the_field(tmp_path, name, scenario, message):
+def test_bad_scenario_is_one_line_naming_the_field(tmp_path, name, scenario, message, sim_cli):
     path = tmp_path / "scenario.yaml"
     path.write_text(yaml.safe_dump(scenario))
     out = tmp_path / "result.json"
-    proc = subprocess.run([sys.executable, "-m", "sim", "run", str(path), "--out", str(out)],
-                          capture_output=True, text=True, cwd=REPO)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
+    code, stdout, stderr = sim_cli("run", path, "--out", out)
+    assert code == 2
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
     assert lines[0].startswith("error: " + message), lines[0]
-    assert "Traceback" not in proc.stderr
-    assert proc.stdout == ""
+    assert stdout == ""
     assert not out.exists()
     assert list(tmp_path.iterdir()) == [path]
 
@@ -107,11 +124,11 @@ def test_missing_and_malformed_scenario_files(tmp_path):
         assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
 
 
-def run_cli(tmp_path, scenario, *extra):
+def run_scenario(sim_cli, tmp_path, scenario, *extra):
+    """`sim run` on the scenario: (exit code, stdout, stderr)."""
     path = tmp_path / "scenario.yaml"
     path.write_text(yaml.safe_dump(scenario))
-    return subprocess.run([sys.executable, "-m", "sim", "run", str(path), *extra], capture_output=True, text=True,
-                          cwd=REPO)
+    return sim_cli("run", path, *extra)
 
 
 ACCEPTANCE_TRACE = ("speculation.acceptance.trace", lambda path: {"speculation__acceptance": {"trace": path}})
@@ -128,13 +145,13 @@ REQUEST_TRACE = ("workload.trace", lambda path: {"workload__arrival": "trace", "
     (REQUEST_TRACE, "arrival_s,prompt_tokens,output_tokens\n-1,10,20\n", "row 0: arrival_s must be a number, >= 0 (got -1)"),
     (REQUEST_TRACE, "arrival_s,prompt_tokens\n0,10\n", "lacks column output_tokens"),
 ])
-def test_bad_trace_file_is_one_line(tmp_path, kind, content, message):
+def test_bad_trace_file_is_one_line(tmp_path, kind, content, message, sim_cli):
     field, changes = kind
     trace = tmp_path / "trace.csv"
     trace.write_text(content)
-    proc = run_cli(tmp_path, with_changes(**changes(str(trace))))
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().startswith(f"error: {field}: ") and message in proc.stderr
+    code, _, stderr = run_scenario(sim_cli, tmp_path, with_changes(**changes(str(trace))))
+    assert code == 2 and stderr.count("\n") == 1
+    assert stderr.strip().startswith(f"error: {field}: ") and message in stderr
 
 
 @pytest.mark.parametrize("config,message", [
@@ -142,15 +159,15 @@ def test_bad_trace_file_is_one_line(tmp_path, kind, content, message):
     ({"hidden_size": 64, "num_attention_heads": 0}, "num_attention_heads must be a positive integer (got 0)"),
     ({"num_attention_heads": 4}, "config.json lacks hidden_size"),
 ])
-def test_bad_config_json_is_one_line(tmp_path, config, message):
+def test_bad_config_json_is_one_line(tmp_path, config, message, sim_cli):
     import json
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
-    proc = run_cli(tmp_path, with_changes(model=str(path)))
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().startswith("error: model: ") and message in proc.stderr
+    code, _, stderr = run_scenario(sim_cli, tmp_path, with_changes(model=str(path)))
+    assert code == 2 and stderr.count("\n") == 1
+    assert stderr.strip().startswith("error: model: ") and message in stderr
 
 
-def test_unwritable_out_is_one_line(tmp_path):
-    proc = run_cli(tmp_path, BASE, "--out", str(tmp_path))
-    assert proc.returncode == 2 and proc.stderr.strip() == f"error: --out: cannot write {tmp_path}: Is a directory"
+def test_unwritable_out_is_one_line(tmp_path, sim_cli):
+    code, _, stderr = run_scenario(sim_cli, tmp_path, BASE, "--out", str(tmp_path))
+    assert code == 2 and stderr.strip() == f"error: --out: cannot write {tmp_path}: Is a directory"

@@ -66,8 +66,8 @@ class EagleDrafter(ModelDrafter):
         device = self.fed.device
         rows = torch.tensor([row for row, _, _ in spans], device=device)
         first = torch.tensor([start for _, start, _ in spans], device=device)
-        at = padded([layout for _, _, layout in spans], device)
-        write_rows(self.features, rows, first, hidden[rows[:, None], at[0]], at[1])
+        layout, counts = padded([indices for _, _, indices in spans], device)
+        write_rows(self.features, rows, first, hidden[rows[:, None], layout], counts)
         self.fed[rows] = torch.minimum(self.fed[rows], first)
 
     def first_forward(self, model, step: DraftInput) -> Tensor:

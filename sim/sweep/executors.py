@@ -165,7 +165,7 @@ def run_local(tasks: list[list[Point]], workers: int, on_row, reuse_baselines: b
 
     # fork: workers inherit the imported simulator (and its presets) instead of importing it again.
     context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=leave_stopping_to_the_sweep)
     try:
         pending = {pool.submit(run_task, task, reuse_baselines) for task in tasks}
         while pending:
@@ -182,6 +182,16 @@ def run_local(tasks: list[list[Point]], workers: int, on_row, reuse_baselines: b
             process.terminate()
         raise
     pool.shutdown()
+
+
+def leave_stopping_to_the_sweep() -> None:
+    """A worker's signals: Ctrl-C reaches the whole process group and the sweep stops its workers
+    itself, and the sweep's SIGTERM handler (raising KeyboardInterrupt), inherited by fork, would
+    make each worker print a traceback when the sweep terminates it."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def run_ray(tasks: list[list[Point]], address: str | None, workers: int | None, on_row,

@@ -251,6 +251,8 @@ def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
     parser.add_argument("--hard-labels", dest="soft_labels", action="store_false",
                         help="token loss against the target's greedy token instead of its whole distribution")
+    parser.add_argument("--prompt-loss", action="store_true",
+                        help="the loss at the prompts' positions too (default: the target's continuations only, as EAGLE)")
     parser.add_argument("--quick", action="store_true",
                         help="a few minutes' run for tests: " + ", ".join(f"{k} {v}" for k, v in QUICK.items()))
 

@@ -309,6 +309,22 @@ def test_campaign_rejects_bad_input_in_one_line(tmp_path):
         assert not (tmp_path / "o").exists()
 
 
+def test_every_committed_campaign_plans_cleanly(tmp_path):
+    """Each campaign in profiler/campaigns passes the checks its runs get before any starts (fields,
+    values, and the files it names, the EAGLE head's folder among them), given --text and --prompts."""
+    pytest.importorskip("pydantic")
+    from profiler.campaign import CampaignConfig, campaign_names, plan_runs, read_campaign
+
+    for name in campaign_names():
+        campaign = read_campaign(name)
+        planned = plan_runs(campaign, CampaignConfig(campaign=name, out=tmp_path / name, text=TEXT,
+                                                     prompts=SHARED_DATA / "spec_bench_questions.jsonl"), 2)
+        assert len(planned) == 2 * len(campaign["runs"]), name
+        for _, _, settings in planned:
+            if settings.head is not None:
+                assert (REPO / settings.head / "head.json").is_file(), (name, settings.head)
+
+
 @pytest.mark.skipif(not TEXT.exists(), reason="../shared/data not present")
 def test_smoke_campaign_end_to_end_replays_and_fits(tmp_path):
     pytest.importorskip("torch")

@@ -6,8 +6,10 @@
    the same way for the evaluation. Saved to DIR/data.pt, so a resumed run does not generate again.
 2. Training (EAGLE's losses): at index i the head reads (f_i, t_(i+1)) and estimates f_(i+1);
    smooth-L1 regression to the target's f_(i+1) plus `cls_weight` x cross-entropy of the draft's
-   logits (the target's final norm and LM head, frozen) against the target's greedy next token,
-   on a random `cls_share` of the positions (the LM head is most of the cost); uniform noise on
+   logits (the target's final norm and LM head, frozen) against the target's next-token
+   distribution, on a random `cls_share` of the positions (the LM head is most of the cost). As
+   EAGLE's loss mask, only positions of the target's own continuation count (a live head drafts
+   from roots there); the prompt's entries are attention context. Uniform noise on
    the input features (EAGLE's, for robustness to its own estimates). AdamW, linear warm-up then
    cosine decay. A checkpoint every `checkpoint_every` steps (DIR/checkpoint.pt): a run stopped
    anywhere resumes from its last one.
@@ -40,18 +42,19 @@ class TrainEagleConfig(BaseModel):
     held_out: tuple[str, ...] = HELD_OUT  # categories kept out of training, evaluated on
     train_prompts: int | None = None     # the first N training chat prompts (all by default)
     eval_per_category: int = 10          # held-out prompts evaluated per category
-    text_excerpts: int = 32
+    text_excerpts: int = 48
     excerpt_tokens: int = 256
-    max_new_tokens: int = 96
-    generate_batch: int = 16
+    max_new_tokens: int = 192
+    generate_batch: int = 48
     epochs: int = 6
-    batch_sequences: int = 8
+    batch_sequences: int = 2
     lr: float = 1e-3
     warmup_steps: int = 50
     cls_weight: float = 0.1
-    cls_share: float = 0.15
+    cls_share: float = 0.5
     noise: float = 0.1                   # uniform noise on input features, +- this
     soft_labels: bool = True             # token loss against the target's whole distribution, not its argmax
+    prompt_loss: bool = False            # the loss at the prompt's positions too, not only the continuation's
     eval_k: int = 4
     checkpoint_every: int = 100
     seed: int = 0
@@ -166,7 +169,7 @@ def train_eagle(config: TrainEagleConfig) -> int:
                  "train_tokens": int(sum(len(e.tokens) for e in train)), "eval_sequences": len(held)},
         "training": {"steps": step, "epochs": config.epochs, "batch_sequences": config.batch_sequences,
                      "lr": config.lr, "cls_weight": config.cls_weight, "cls_share": config.cls_share,
-                     "noise": config.noise, "soft_labels": config.soft_labels,
+                     "noise": config.noise, "soft_labels": config.soft_labels, "prompt_loss": config.prompt_loss,
                      "final_epoch_regression_loss": float(last[:, 0].mean()),
                      "final_epoch_classification_loss": float(last[:, 1].mean())},
         "evaluation": evaluation, "seed": config.seed, "git_revision": git_revision(), "versions": versions(("torch",)),
@@ -216,7 +219,10 @@ def batch_loss(head, target, rows, config: TrainEagleConfig, generator):
     valid = torch.zeros(B, L, dtype=torch.bool)
     for b, e in enumerate(rows):
         n = len(e.tokens)
-        hidden[b, :n], tokens[b, :n], labels[b, :n], valid[b, :n] = e.hidden, e.tokens, e.labels, True
+        hidden[b, :n], tokens[b, :n], labels[b, :n] = e.hidden, e.tokens, e.labels
+        # EAGLE's loss mask: a head drafts only from roots in the target's own output, whose first
+        # estimate is of f_p, p >= prompt_tokens; the prompt's entries are attention context only.
+        valid[b, 0 if config.prompt_loss else e.prompt_tokens:n] = True
     noisy = hidden[:, :-1] + (torch.rand(B, L - 1, H, generator=generator) * 2 - 1) * config.noise
     estimates = head.forward_sequence(noisy, tokens[:, 1:], target)          # estimate of f_(i+1), [B, L-1, H]
     mask = valid[:, 1:]

@@ -46,7 +46,7 @@ class TrainEagleConfig(BaseModel):
     excerpt_tokens: int = 256
     max_new_tokens: int = 192
     generate_batch: int = 48
-    epochs: int = 6
+    epochs: int = 5
     batch_sequences: int = 2
     lr: float = 1e-3
     warmup_steps: int = 50
@@ -108,9 +108,10 @@ def train_eagle(config: TrainEagleConfig) -> int:
                   unit="sequence") as bar:
             train = build_examples(target, tok, train_prompts, config.max_new_tokens, config.generate_batch, bar)
             held = build_examples(target, tok, eval_prompts, config.max_new_tokens, config.generate_batch, bar)
-        data = {"recipe": recipe, "train": train, "eval": held}
+        data = {"recipe": recipe, "train": train, "eval": held, "wall_s": round(time.time() - started, 1)}
         write_file_atomic(data_path, lambda path: torch.save(data, path))
     train, held = data["train"], data["eval"]
+    training_started = time.time()
 
     head = EagleHead(target.config)
     every = torch.cat([e.hidden[1:] for e in train])      # position 0 (the attention sink's) is never a target
@@ -173,11 +174,16 @@ def train_eagle(config: TrainEagleConfig) -> int:
                      "final_epoch_regression_loss": float(last[:, 0].mean()),
                      "final_epoch_classification_loss": float(last[:, 1].mean())},
         "evaluation": evaluation, "seed": config.seed, "git_revision": git_revision(), "versions": versions(("torch",)),
+        # The data's time (model load and generation, when data.pt was made, by whichever run made it)
+        # and this run's training and evaluation: a run that reused data.pt took only the second.
+        "data_wall_s": data.get("wall_s"), "training_wall_s": round(time.time() - training_started, 1),
         "wall_s": round(time.time() - started, 1),
     }
     save_head(head, out, meta)
     print(format_evaluation(evaluation, config.eval_k) if evaluation else "no held-out prompts: not evaluated")
-    print(f"wrote {repo_relative(out)}/head.safetensors and head.json ({meta['wall_s']:.0f} s)")
+    print(f"wrote {repo_relative(out)}/head.safetensors and head.json ({meta['wall_s']:.0f} s; data "
+          f"{meta['data_wall_s'] if meta['data_wall_s'] is not None else '?'} s, training and evaluation "
+          f"{meta['training_wall_s']:.0f} s)")
     return 0
 
 

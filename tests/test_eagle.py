@@ -83,3 +83,25 @@ def test_train_eagle_without_prompts_is_one_line_and_exit_2(tmp_path):
                           capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 2 and proc.stderr.strip() == (
         "error: --prompts: give training prompts: --prompts FILE (JSONL) and/or --text FILE")
+
+
+def test_the_loss_counts_only_the_continuation_unless_told_otherwise(tmp_path):
+    """EAGLE's loss mask: the regression is over the estimates of f_p at positions p of the target's
+    continuation (p >= prompt_tokens) only; --prompt-loss takes every position from 1."""
+    import torch.nn.functional as F
+
+    from profiler.eagle.data import Example
+    from profiler.eagle.train import TrainEagleConfig, batch_loss
+
+    target, head = tiny_head()
+    L, prompt = 20, 12
+    tokens = torch.randint(0, TINY.vocab, (L,), generator=torch.Generator().manual_seed(3))
+    hidden = torch.randn(L, TINY.hidden, generator=torch.Generator().manual_seed(4))
+    example = Example(tokens, hidden, torch.zeros(L, dtype=torch.long), prompt, "x")
+    with torch.no_grad():
+        estimates = head.forward_sequence(hidden[None, :-1], tokens[None, 1:], target)[0]   # of f_1 .. f_(L-1)
+        errors = [F.smooth_l1_loss(head.standardize(estimates[i - 1]), head.standardize(hidden[i])) for i in range(1, L)]
+        for prompt_loss, first in ((False, prompt), (True, 1)):
+            config = TrainEagleConfig(out=tmp_path, noise=0.0, cls_weight=0.0, prompt_loss=prompt_loss)
+            _, regression, _ = batch_loss(head, target, [example], config, torch.Generator().manual_seed(0))
+            assert float(regression) == pytest.approx(float(torch.stack(errors[first - 1:]).mean()), rel=1e-5)

@@ -124,9 +124,11 @@ def check_config(settings: LiveConfig) -> None:
             raise InputError("--rectify", "re-checks greedy choices; it takes no --temperature")
     elif settings.rectify:
         raise InputError("--rectify", "needs --budget (partial verification)")
-    for flag, name in (("--model", settings.model), ("--draft-model", settings.draft_model)):
+    files = [("--model", settings.model)] + ([("--draft-model", settings.draft_model)]
+                                             if settings.method == "draft_model" else [])
+    for flag, name in files:
         # A missing file is named before the target (seconds to load) is read.
-        if name is not None and Path(name).suffix == ".gguf" and not Path(name).is_file():
+        if Path(name).suffix == ".gguf" and not Path(name).is_file():
             raise InputError(flag, f"no such model file: {name}")
     if (settings.method == "eagle") != (settings.head is not None):
         raise InputError("--head", "--method eagle drafts with a head: give --head DIR (python -m profiler train-eagle)"

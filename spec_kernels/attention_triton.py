@@ -30,12 +30,13 @@ def _split_attention(
     stride_tb, stride_ti, stride_tj,
     stride_ib, stride_ih, stride_in,
     kv_heads, sm_scale,
-    Q_LEN: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr,
+    Q_LEN: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr, ROWS_PADDED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_TREE: tl.constexpr, HAS_INDEX: tl.constexpr, PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
+    row_block = tl.program_id(2)
     b = (pid // kv_heads).to(tl.int64)
     h = (pid % kv_heads).to(tl.int64)
     kv_len = tl.load(KV_LENS + b).to(tl.int64)
@@ -49,7 +50,7 @@ def _split_attention(
     start = split * per_split
     end = tl.minimum(start + per_split, total)
 
-    rows = tl.arange(0, BLOCK_M)
+    rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
     row_valid = rows < GROUP * Q_LEN
     head = h * GROUP + rows // Q_LEN                     # the query head of each row
     token = rows % Q_LEN                                 # and its new token
@@ -95,8 +96,8 @@ def _split_attention(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
-    # Partial results [B * Hkv, SPLITS, BLOCK_M, BLOCK_D] (+ m, l [.., BLOCK_M]), contiguous.
-    base = (pid * SPLITS + split) * BLOCK_M
+    # Partial results [B * Hkv, SPLITS, ROWS_PADDED, BLOCK_D] (+ m, l [.., ROWS_PADDED]), contiguous.
+    base = (pid * SPLITS + split) * ROWS_PADDED
     tl.store(ACC + (base + rows[:, None]) * BLOCK_D + dims[None, :], acc)
     tl.store(M_OUT + base + rows, m_i)
     tl.store(L_OUT + base + rows, l_i)
@@ -118,14 +119,18 @@ def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, kv_lens: Tensor, *, t
     group = Hq // Hkv
     if Hq % Hkv:
         raise ValueError(f"query heads {Hq} are not a multiple of KV heads {Hkv}")
-    block_m = max(16, triton.next_power_of_2(group * Q))
+    # At most 64 rows a program: a Llama-8B verify of 128 tokens (512 rows of 128 dims) would
+    # need 256 KiB of shared memory in one tile, over an H200's 227 KiB.
+    block_m = min(64, max(16, triton.next_power_of_2(group * Q)))
+    row_blocks = triton.cdiv(group * Q, block_m)
+    rows_padded = row_blocks * block_m
     block_d = max(16, triton.next_power_of_2(D))
     longest = int(kv_index.shape[-1]) + Q if kv_index is not None else int(kv_lens.max())
     splits = splits or splits_for(longest, B * Hkv)
     device = q.device
     # Poisoned scratch: a tile the kernel fails to write would surface as NaN in the output.
-    acc = torch.full((B * Hkv, splits, block_m, block_d), float("nan"), dtype=torch.float32, device=device)
-    m = torch.full((B * Hkv, splits, block_m), float("nan"), dtype=torch.float32, device=device)
+    acc = torch.full((B * Hkv, splits, rows_padded, block_d), float("nan"), dtype=torch.float32, device=device)
+    m = torch.full((B * Hkv, splits, rows_padded), float("nan"), dtype=torch.float32, device=device)
     l = torch.full_like(m, float("nan"))
     kv_lens = kv_lens.to(device=device, dtype=torch.int32)
     tree = tree_mask.to(torch.int8) if tree_mask is not None else kv_lens        # a dummy pointer when absent
@@ -134,11 +139,11 @@ def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, kv_lens: Tensor, *, t
     tree_strides = tree.stride() if tree_mask is not None else (0, 0, 0)
     index_strides = index.stride() if kv_index is not None else (0, 0, 0)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"    # ignored for 16-bit inputs
-    _split_attention[(B * Hkv, splits)](
+    _split_attention[(B * Hkv, splits, row_blocks)](
         q, k_cache, v_cache, kv_lens, tree, index, index_lens, acc, m, l,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *tree_strides, *index_strides,
         Hkv, sm_scale if sm_scale is not None else D ** -0.5,
-        Q_LEN=Q, GROUP=group, HEAD_DIM=D, SPLITS=splits, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        Q_LEN=Q, GROUP=group, HEAD_DIM=D, SPLITS=splits, ROWS_PADDED=rows_padded, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         HAS_TREE=tree_mask is not None, HAS_INDEX=kv_index is not None, PRECISION=precision)
     return combine_splits(acc, m, l, B, Hkv, group, Q, D).to(q.dtype)
 
@@ -149,7 +154,7 @@ def combine_splits(acc: Tensor, m: Tensor, l: Tensor, B: int, Hkv: int, group: i
     m_all = torch.where(torch.isinf(m_all), 0.0, m_all)
     weight = torch.exp(m - m_all)                                  # 0 for splits that saw nothing
     weight = torch.where(torch.isnan(weight) & torch.isinf(m), 0.0, weight)
-    numerator = (acc * weight[..., None]).sum(dim=1)               # [B*Hkv, BLOCK_M, BLOCK_D]
+    numerator = (acc * weight[..., None]).sum(dim=1)               # [B*Hkv, ROWS_PADDED, BLOCK_D]
     denominator = (l * weight).sum(dim=1)
     rows = group * Q
     out = numerator[:, :rows, :D] / denominator[:, :rows, None]

@@ -114,6 +114,22 @@ def test_long_contexts_split_the_keys_and_combine_exactly():
         assert (out.double() - expected).abs().max() / expected.abs().max() <= 1e-5
 
 
+def test_long_verifies_tile_their_rows_and_match_the_reference():
+    # Llama-8B's group of 4 query heads verifying 40 tree tokens: 160 rows, three tiles of 64 (one
+    # tile would need more shared memory than a GPU has); causal and tree masks, indexed keys too.
+    parents = [-1] + [max(-1, i - 1 - (i % 3)) for i in range(1, 40)]
+    for tree in (False, True):
+        for indexed in (False, True):
+            case = dict(B=2, kv_heads=2, group=4, Q=40, D=32, S=180, lens=[170, 90], seed=7,
+                        parents=[parents, parents] if tree else None, indexed=indexed)
+            (q, k, v, kv_lens), kwargs, (q64, k64, v64) = build(case, torch.float32)
+            args, device_kwargs = on_device(q, k, v, kv_lens, **kwargs)
+            out = spec_kernels.attention(*args, **device_kwargs).cpu()
+            expected = reference.attention(q64, k64, v64, kv_lens, **kwargs)
+            assert not torch.isnan(out).any()
+            assert (out.double() - expected).abs().max() / expected.abs().max() <= 1e-5
+
+
 def test_the_reference_is_plain_softmax_attention_for_one_decode_token():
     g = torch.Generator().manual_seed(1)
     q = torch.randn(2, 6, 1, 16, generator=g, dtype=torch.float64)

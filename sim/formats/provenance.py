@@ -14,12 +14,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 @lru_cache(maxsize=1)
 def git_revision() -> str:
-    """HEAD of the checkout this code runs from, `+dirty` with uncommitted changes to tracked files;
-    where the code runs from a copy without its .git (a GPU machine sent the working tree alone),
-    SPECSIM_GIT_REVISION names the revision the copy was made from."""
-    copied = os.environ.get("SPECSIM_GIT_REVISION")
-    if copied and not (REPO_ROOT / ".git").exists():
-        return copied
+    """HEAD of the checkout this code runs from, `+dirty` with uncommitted changes to tracked files."""
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5)
         revision = out.stdout.strip() if out.returncode == 0 else "unknown"

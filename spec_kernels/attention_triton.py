@@ -7,11 +7,18 @@ request reads (all of them, or kv_index[b, h, :kv_index_lens[b]]), then the Q ne
 kv_lens[b] - Q ..; split s takes one contiguous part of that list. Prefix entries are visible to
 every query; new token j is visible to query i where the tree mask (default causal) allows.
 Each split keeps an online softmax (running max m, normalizer l, accumulator) in fp32 and writes
-them out; a log-sum-exp combine over the splits gives the output. Long contexts use more splits,
-so a batch of a few requests still fills the GPU.
+them out; a second kernel's log-sum-exp combine over the splits gives the output. Long contexts use
+more splits, so a batch of a few requests still fills the GPU. A program takes at most 64 rows
+(a third grid axis tiles longer verifies): more would not fit an H200's shared memory.
+
+The host side is two launches and no wait on the GPU: on an H200 the earlier wrapper's twenty or so
+eager PyTorch launches and a read-back of kv_lens cost 470-780 us a call, several times the
+kernel (docs/performance.md). Split counts and padding are runtime arguments, so contexts that
+grow compile nothing new.
 
 Written for triton 3.6-3.9 and its CPU interpreter: pointer arithmetic only (no block pointers),
-every load masked, fp32 dots in IEEE precision (TF32 would miss the 1e-5 tolerance).
+every load of the caller's tensors masked, fp32 dots in IEEE precision (TF32 would miss the 1e-5
+tolerance).
 """
 from __future__ import annotations
 
@@ -29,8 +36,8 @@ def _split_attention(
     stride_vb, stride_vh, stride_vs, stride_vd,
     stride_tb, stride_ti, stride_tj,
     stride_ib, stride_ih, stride_in,
-    kv_heads, sm_scale,
-    Q_LEN: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr, ROWS_PADDED: tl.constexpr,
+    kv_heads, sm_scale, splits, rows_padded,
+    Q_LEN: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_TREE: tl.constexpr, HAS_INDEX: tl.constexpr, PRECISION: tl.constexpr,
 ):
@@ -46,7 +53,7 @@ def _split_attention(
     else:
         n_prefix = prefix
     total = n_prefix + Q_LEN
-    per_split = (total + SPLITS - 1) // SPLITS
+    per_split = (total + splits - 1) // splits
     start = split * per_split
     end = tl.minimum(start + per_split, total)
 
@@ -96,11 +103,43 @@ def _split_attention(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
-    # Partial results [B * Hkv, SPLITS, ROWS_PADDED, BLOCK_D] (+ m, l [.., ROWS_PADDED]), contiguous.
-    base = (pid * SPLITS + split) * ROWS_PADDED
+    # Partial results [B * Hkv, splits, rows_padded, BLOCK_D] (+ m, l [.., rows_padded]), contiguous;
+    # every program writes its whole tile, padding rows included, so the scratch needs no fill.
+    base = (pid * splits + split) * rows_padded
     tl.store(ACC + (base + rows[:, None]) * BLOCK_D + dims[None, :], acc)
     tl.store(M_OUT + base + rows, m_i)
     tl.store(L_OUT + base + rows, l_i)
+
+
+@triton.jit
+def _combine_splits(
+    ACC, M, L, OUT, stride_ob, stride_oh, stride_oq, stride_od, kv_heads, splits, rows_padded,
+    Q_LEN: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Log-sum-exp combine of one (request, KV head, row tile)'s split states, written in OUT's dtype."""
+    pid = tl.program_id(0)
+    row_block = tl.program_id(1)
+    b = (pid // kv_heads).to(tl.int64)
+    h = (pid % kv_heads).to(tl.int64)
+    rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    m_all = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    for s in range(0, splits):
+        m_all = tl.maximum(m_all, tl.load(M + (pid * splits + s) * rows_padded + rows))
+    m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)           # padding rows saw nothing
+    numerator = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    denominator = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for s in range(0, splits):
+        at = (pid * splits + s) * rows_padded + rows
+        weight = tl.exp(tl.load(M + at) - m_safe)                      # 0 for a split that saw nothing
+        numerator += tl.load(ACC + at[:, None] * BLOCK_D + dims[None, :]) * weight[:, None]
+        denominator += tl.load(L + at) * weight
+    row_valid = rows < GROUP * Q_LEN
+    head = h * GROUP + rows // Q_LEN
+    token = rows % Q_LEN
+    out = numerator / tl.where(row_valid, denominator, 1.0)[:, None]
+    tl.store(OUT + b * stride_ob + head[:, None] * stride_oh + token[:, None] * stride_oq + dims[None, :] * stride_od,
+             out.to(OUT.dtype.element_ty), mask=row_valid[:, None] & (dims < HEAD_DIM)[None, :])
 
 
 def splits_for(total_keys: int, programs: int) -> int:
@@ -125,13 +164,14 @@ def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, kv_lens: Tensor, *, t
     row_blocks = triton.cdiv(group * Q, block_m)
     rows_padded = row_blocks * block_m
     block_d = max(16, triton.next_power_of_2(D))
-    longest = int(kv_index.shape[-1]) + Q if kv_index is not None else int(kv_lens.max())
+    # The cache's length bounds the keys without reading kv_lens back from the GPU (a sync per
+    # call); the kernel shares the actual keys among the splits.
+    longest = int(kv_index.shape[-1]) + Q if kv_index is not None else int(k_cache.shape[2])
     splits = splits or splits_for(longest, B * Hkv)
     device = q.device
-    # Poisoned scratch: a tile the kernel fails to write would surface as NaN in the output.
-    acc = torch.full((B * Hkv, splits, rows_padded, block_d), float("nan"), dtype=torch.float32, device=device)
-    m = torch.full((B * Hkv, splits, rows_padded), float("nan"), dtype=torch.float32, device=device)
-    l = torch.full_like(m, float("nan"))
+    acc = torch.empty((B * Hkv, splits, rows_padded, block_d), dtype=torch.float32, device=device)
+    m = torch.empty((B * Hkv, splits, rows_padded), dtype=torch.float32, device=device)
+    l = torch.empty_like(m)
     kv_lens = kv_lens.to(device=device, dtype=torch.int32)
     tree = tree_mask.to(torch.int8) if tree_mask is not None else kv_lens        # a dummy pointer when absent
     index = kv_index.to(torch.int32) if kv_index is not None else kv_lens
@@ -142,20 +182,11 @@ def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, kv_lens: Tensor, *, t
     _split_attention[(B * Hkv, splits, row_blocks)](
         q, k_cache, v_cache, kv_lens, tree, index, index_lens, acc, m, l,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *tree_strides, *index_strides,
-        Hkv, sm_scale if sm_scale is not None else D ** -0.5,
-        Q_LEN=Q, GROUP=group, HEAD_DIM=D, SPLITS=splits, ROWS_PADDED=rows_padded, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        Hkv, sm_scale if sm_scale is not None else D ** -0.5, splits, rows_padded,
+        Q_LEN=Q, GROUP=group, HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         HAS_TREE=tree_mask is not None, HAS_INDEX=kv_index is not None, PRECISION=precision)
-    return combine_splits(acc, m, l, B, Hkv, group, Q, D).to(q.dtype)
-
-
-def combine_splits(acc: Tensor, m: Tensor, l: Tensor, B: int, Hkv: int, group: int, Q: int, D: int) -> Tensor:
-    """Log-sum-exp combine of the splits' online-softmax states -> [B, Hq, Q, D] fp32."""
-    m_all = m.amax(dim=1, keepdim=True)
-    m_all = torch.where(torch.isinf(m_all), 0.0, m_all)
-    weight = torch.exp(m - m_all)                                  # 0 for splits that saw nothing
-    weight = torch.where(torch.isnan(weight) & torch.isinf(m), 0.0, weight)
-    numerator = (acc * weight[..., None]).sum(dim=1)               # [B*Hkv, ROWS_PADDED, BLOCK_D]
-    denominator = (l * weight).sum(dim=1)
-    rows = group * Q
-    out = numerator[:, :rows, :D] / denominator[:, :rows, None]
-    return out.reshape(B, Hkv, group, Q, D).reshape(B, Hkv * group, Q, D)
+    out = torch.empty_like(q)
+    _combine_splits[(B * Hkv, row_blocks)](
+        acc, m, l, out, *out.stride(), Hkv, splits, rows_padded,
+        Q_LEN=Q, GROUP=group, HEAD_DIM=D, BLOCK_M=block_m, BLOCK_D=block_d)
+    return out

@@ -89,6 +89,9 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
                         help="time two fixed forwards of the model before and after the run (meta.json "
                              "machine_probe): the machine's speed at the run, for `sim validate`")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--warmup-tokens", type=int, default=None,
+                        help="an untimed pass of the first batch, this many tokens long, before the run: "
+                             "Triton compiles each new kernel shape on first use (default: 8 on cuda, 0 on cpu)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where the model runs; on cuda each phase is synchronized before it is timed")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",

@@ -54,6 +54,7 @@ def test_live_run_writes_steps_requests_summary_outputs_and_meta(tmp_path):
     (["--method", "medusa"], "argument --method: invalid choice"),
     (["--context", "4096"], "--context: long-context mode needs both --context and --text"),
     (["--temperature", "-1"], "--temperature: must be >= 0 (got -1.0)"),
+    (["--warmup-tokens", "-1"], "--warmup-tokens: must be >= 0 (got -1)"),
     (["--max-new-tokens", "9000"], "exceed the model's maximum context 8192"),
     (["--budget", "256"], "--budget: 256 is not below the context"),
     (["--budget", "24"], "--budget: must be a positive multiple of --block 16 (got 24)"),
@@ -176,3 +177,22 @@ def test_random_weights_of_a_preset_run_with_a_saved_tokenizer(tmp_path):
     meta = json.loads((out / "meta.json").read_text())
     assert meta["random_weights"] and meta["model"].startswith("random:smollm2-135m")
     assert json.loads((out / "summary.json").read_text())["requests"] == 1
+    # An untimed warm-up pass first (the default on a GPU) leaves the recorded run as it was.
+    warmed = tmp_path / "warmed"
+    proc = live("--model", "smollm2-135m", "--tokenizer", tokenizer, "--method", "ngram", "--k", 2, "--limit", 1,
+                "--max-new-tokens", 4, "--warmup-tokens", 3, "--out", warmed)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((warmed / "meta.json").read_text())["arguments"]["warmup_tokens"] == 3
+    columns = ["step", "mode", "query_tokens", "kv_tokens", "drafted", "accepted", "committed"]
+    assert pd.read_parquet(warmed / "steps.parquet")[columns].equals(pd.read_parquet(out / "steps.parquet")[columns])
+    assert (warmed / "outputs.jsonl").read_text() == (out / "outputs.jsonl").read_text()
+
+
+def test_the_warm_up_pass_is_on_by_default_on_a_gpu_only(tmp_path):
+    from profiler.live.config import LiveConfig
+    from profiler.live.run import warmup_tokens
+
+    assert warmup_tokens(LiveConfig(out=tmp_path, device="cuda")) == 8
+    assert warmup_tokens(LiveConfig(out=tmp_path)) == 0
+    assert warmup_tokens(LiveConfig(out=tmp_path, device="cuda", warmup_tokens=0)) == 0
+    assert warmup_tokens(LiveConfig(out=tmp_path, warmup_tokens=5)) == 5

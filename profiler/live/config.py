@@ -58,6 +58,8 @@ class LiveConfig(BaseModel):
     baseline: bool = False               # also run autoregressive decoding: speedup
     check_lossless: bool = False         # compare with autoregressive output (implies baseline)
     probe: bool = False                  # time the machine probe before and after the run
+    warmup_tokens: int | None = None     # an untimed first pass of one batch, this many tokens long
+                                         # (default: 8 on cuda, where Triton compiles each new shape; 0 on cpu)
     threads: int | None = None           # torch CPU threads
     device: Literal["cpu", "cuda"] = "cpu"
     dtype: Literal["fp32", "bf16"] = "fp32"
@@ -111,6 +113,8 @@ def check_config(settings: LiveConfig) -> None:
         raise InputError("--context", "long-context mode needs both --context and --text")
     if settings.context is not None and settings.context < 64:
         raise InputError("--context", f"must be >= 64 tokens (got {settings.context})")
+    if settings.warmup_tokens is not None and settings.warmup_tokens < 0:
+        raise InputError("--warmup-tokens", f"must be >= 0 (got {settings.warmup_tokens})")
     if settings.limit is not None and settings.limit < 1:
         raise InputError("--limit", f"must be >= 1 (got {settings.limit})")
     if settings.draft_layers is not None and settings.draft_layers < 1:

@@ -105,7 +105,7 @@ def _split_attention(
 
     # Partial results [B * Hkv, splits, rows_padded, BLOCK_D] (+ m, l [.., rows_padded]), contiguous;
     # every program writes its whole tile, padding rows included, so the scratch needs no fill.
-    base = (pid * splits + split) * rows_padded
+    base = (pid.to(tl.int64) * splits + split) * rows_padded      # int64: large scratch tiles
     tl.store(ACC + (base + rows[:, None]) * BLOCK_D + dims[None, :], acc)
     tl.store(M_OUT + base + rows, m_i)
     tl.store(L_OUT + base + rows, l_i)
@@ -125,12 +125,12 @@ def _combine_splits(
     dims = tl.arange(0, BLOCK_D)
     m_all = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     for s in range(0, splits):
-        m_all = tl.maximum(m_all, tl.load(M + (pid * splits + s) * rows_padded + rows))
+        m_all = tl.maximum(m_all, tl.load(M + (pid.to(tl.int64) * splits + s) * rows_padded + rows))
     m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)           # padding rows saw nothing
     numerator = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     denominator = tl.zeros([BLOCK_M], dtype=tl.float32)
     for s in range(0, splits):
-        at = (pid * splits + s) * rows_padded + rows
+        at = (pid.to(tl.int64) * splits + s) * rows_padded + rows
         weight = tl.exp(tl.load(M + at) - m_safe)                      # 0 for a split that saw nothing
         numerator += tl.load(ACC + at[:, None] * BLOCK_D + dims[None, :]) * weight[:, None]
         denominator += tl.load(L + at) * weight
@@ -158,8 +158,8 @@ def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, kv_lens: Tensor, *, t
     group = Hq // Hkv
     if Hq % Hkv:
         raise ValueError(f"query heads {Hq} are not a multiple of KV heads {Hkv}")
-    # At most 64 rows a program: a Llama-8B verify of 128 tokens (512 rows of 128 dims) would
-    # need 256 KiB of shared memory in one tile, over an H200's 227 KiB.
+    # At most 64 rows a program: one tile of a Llama-8B verify of 64 tokens (256 rows of 128
+    # dims) asked for 256 KiB of shared memory on an H200, which has 227 KiB.
     block_m = min(64, max(16, triton.next_power_of_2(group * Q)))
     row_blocks = triton.cdiv(group * Q, block_m)
     rows_padded = row_blocks * block_m

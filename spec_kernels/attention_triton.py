@@ -28,7 +28,7 @@ import triton.language as tl
 from torch import Tensor
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["splits", "rows_padded"])
 def _split_attention(
     Q, K, V, KV_LENS, TREE, KV_INDEX, KV_INDEX_LENS, ACC, M_OUT, L_OUT,
     stride_qb, stride_qh, stride_qq, stride_qd,
@@ -111,7 +111,7 @@ def _split_attention(
     tl.store(L_OUT + base + rows, l_i)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["splits", "rows_padded"])
 def _combine_splits(
     ACC, M, L, OUT, stride_ob, stride_oh, stride_oq, stride_od, kv_heads, splits, rows_padded,
     Q_LEN: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,

@@ -130,6 +130,21 @@ def test_long_verifies_tile_their_rows_and_match_the_reference():
             assert (out.double() - expected).abs().max() / expected.abs().max() <= 1e-5
 
 
+def test_more_splits_than_keys_leave_empty_splits_out_of_the_combine():
+    # The split count follows the cache's length, not the requests': a 4,096-slot cache holding 45 and
+    # 70 tokens gets 16 splits of a few keys, most of them empty, over two row tiles (group 4 x 20).
+    from spec_kernels.attention_triton import attention as triton_attention
+
+    case = dict(B=2, kv_heads=1, group=4, Q=20, D=16, S=4096, lens=[45, 70], seed=3, parents=None, indexed=False)
+    (q, k, v, kv_lens), _, (q64, k64, v64) = build(case, torch.float32)
+    args, _ = on_device(q, k, v, kv_lens)
+    expected = reference.attention(q64, k64, v64, kv_lens)
+    for splits in (None, 16):
+        out = triton_attention(*args, splits=splits).cpu()
+        assert not torch.isnan(out).any()
+        assert (out.double() - expected).abs().max() / expected.abs().max() <= 1e-5
+
+
 def test_the_reference_is_plain_softmax_attention_for_one_decode_token():
     g = torch.Generator().manual_seed(1)
     q = torch.randn(2, 6, 1, 16, generator=g, dtype=torch.float64)

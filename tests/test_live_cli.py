@@ -196,3 +196,20 @@ def test_the_warm_up_pass_is_on_by_default_on_a_gpu_only(tmp_path):
     assert warmup_tokens(LiveConfig(out=tmp_path)) == 0
     assert warmup_tokens(LiveConfig(out=tmp_path, device="cuda", warmup_tokens=0)) == 0
     assert warmup_tokens(LiveConfig(out=tmp_path, warmup_tokens=5)) == 5
+    assert warmup_tokens(LiveConfig(out=tmp_path, device="cuda", max_new_tokens=3)) == 3
+
+
+def test_the_warm_up_runs_the_first_batch_untimed_with_and_without_the_drafter(tmp_path, monkeypatch):
+    import profiler.live.run as live_run
+    from profiler.live.config import LiveConfig
+
+    calls = []
+    monkeypatch.setattr(live_run, "run_batches", lambda model, prompts, settings, drafter, eos, label, policy=None:
+                        calls.append((len(prompts), settings.max_new_tokens, settings.serving, drafter, policy)))
+    prompts = [[1, 2, 3]] * 5
+    settings = LiveConfig(out=tmp_path, device="cuda", batch=2, serving="continuous", baseline=True)
+    live_run.warm_up("model", prompts, settings, "drafter", 0)
+    assert calls == [(2, 8, "static", "drafter", None), (2, 8, "static", None, None)]
+    calls.clear()
+    live_run.warm_up("model", prompts, settings.model_copy(update={"device": "cpu"}), "drafter", 0)
+    assert calls == []

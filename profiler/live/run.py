@@ -166,19 +166,22 @@ def run_batches(model, prompts: list[list[int]], settings: LiveConfig, drafter, 
 
 def warmup_tokens(settings: LiveConfig) -> int:
     """Tokens of the untimed first pass: the setting, else 8 on cuda (where the first step of each
-    shape waits for Triton's compiler: 0.6-3 s on an H200) and none on cpu."""
+    shape waits for Triton's compiler: 0.6-3 s on an H200) and none on cpu; never more than the run's."""
     if settings.warmup_tokens is not None:
-        return settings.warmup_tokens
-    return 8 if settings.device == "cuda" else 0
+        return min(settings.warmup_tokens, settings.max_new_tokens)
+    return min(8, settings.max_new_tokens) if settings.device == "cuda" else 0
 
 
 def warm_up(model, prompts: list[list[int]], settings: LiveConfig, drafter, eos_id) -> None:
     """Generate a few tokens of the first batch, untimed and unrecorded, as a static batch and
-    without the policy (whose state would carry into the run)."""
+    without the policy (whose state would carry into the run); autoregressively too when a baseline
+    follows, whose decode steps are shapes of their own."""
     tokens = warmup_tokens(settings)
     if tokens:
         warm = settings.model_copy(update={"max_new_tokens": tokens, "serving": "static"})
         run_batches(model, prompts[:settings.batch], warm, drafter, eos_id, "warm-up")
+        if drafter is not None and (settings.baseline or settings.check_lossless):
+            run_batches(model, prompts[:settings.batch], warm, None, eos_id, "warm-up")
 
 
 def run_live(settings: LiveConfig, models: dict | None = None, quiet: bool = False) -> None:

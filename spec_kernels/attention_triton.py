@@ -173,7 +173,10 @@ def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, kv_lens: Tensor, *, t
     m = torch.empty((B * Hkv, splits, rows_padded), dtype=torch.float32, device=device)
     l = torch.empty_like(m)
     kv_lens = kv_lens.to(device=device, dtype=torch.int32)
-    tree = tree_mask.to(torch.int8) if tree_mask is not None else kv_lens        # a dummy pointer when absent
+    if tree_mask is None:
+        tree = kv_lens                                                  # a dummy pointer
+    else:           # a bool mask read as its bytes: no copy (the engine passes the same mask to every layer)
+        tree = tree_mask.view(torch.int8) if tree_mask.dtype == torch.bool else tree_mask.to(torch.int8)
     index = kv_index.to(torch.int32) if kv_index is not None else kv_lens
     index_lens = kv_index_lens.to(device=device, dtype=torch.int32) if kv_index is not None else kv_lens
     tree_strides = tree.stride() if tree_mask is not None else (0, 0, 0)

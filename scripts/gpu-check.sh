@@ -34,7 +34,7 @@ unset TRITON_INTERPRET
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
   python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
-  git rev-parse HEAD 2>/dev/null || echo "${SPECSIM_GIT_REVISION:-no git revision}"
+  git rev-parse HEAD 2>/dev/null || echo "no git revision"
 } 2>&1 | tee "$OUT/environment.txt"
 if compgen -G "gpu-wheels/*.whl" >/dev/null; then
   # Beside the image's packages, not over them: a read-only or shared image stays as it was.

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from conftest import REPO
-from profiler.eagle.evaluate import acceptance_report, chain_accepted, chain_drafts, walk
+from profiler.eagle.data import Example
+from profiler.eagle.evaluate import (acceptance_report, bigram_accepted, bigram_table, chain_accepted, chain_drafts,
+                                      walk)
 from profiler.engine.eagle_head import EagleHead, draft_logits, load_head, save_head, target_shape
 from profiler.engine.loaders import random_model
 from profiler.engine.model import LlamaConfig
@@ -65,6 +67,44 @@ def test_report_gives_per_position_rates_per_category():
     report = acceptance_report({"a": [np.array([0, 1, 4])], "b": [np.array([4, 4])]}, 4)
     assert report["a"]["per_position"][:2] == [2 / 3, 0.5] and report["a"]["tokens_per_step"] == pytest.approx(8 / 3)
     assert report["all"]["steps"] == 5 and report["all"]["accepted_per_step"] == pytest.approx(13 / 5)
+
+
+def test_bigram_chain_drafts_the_commonest_successor_in_the_continuations():
+    def example(tokens, prompt_tokens):
+        t = torch.tensor(tokens)
+        return Example(t, torch.zeros(len(tokens), 4), t, prompt_tokens, "c")
+
+    # Prompt tokens [9, 9, 9, 5] count only as the first continuation token's root: 5 -> 1;
+    # 1 -> 2 twice and 1 -> 3 once; 2 -> 3; 3 -> 1. From the second, 7 -> 8 and 7 -> 6 tie: 6.
+    table = bigram_table([example([9, 9, 9, 5, 1, 2, 3, 1, 2, 3, 1, 3], 4), example([4, 7, 8, 7, 6], 1)])
+    assert table == {5: 1, 1: 2, 2: 3, 3: 1, 4: 7, 7: 6, 8: 7}
+    # Output 5 1 2 3 1 3 0: from token 5 the chain 1 2 3 1 matches all four; from 1, 2 3 1 and
+    # then 2 against 3; from 2, two; from 3, one; from 1 and 3 at the end, none.
+    accepted = bigram_accepted(table, torch.tensor([5, 1, 2, 3, 1, 3, 0]), 0, 4)
+    assert accepted.tolist() == [4, 3, 2, 1, 0, 0]
+    assert bigram_accepted(table, torch.tensor([5, 1, 2, 3, 1, 3, 0]), 0, 3)[0] == 3
+    assert bigram_accepted(table, torch.tensor([6, 7, 6]), 0, 4).tolist() == [0, 1]   # 6 has no successor
+
+
+def test_references_walk_a_training_sample_and_a_bigram_chain_like_the_held_out_figure():
+    from profiler.eagle.train import evaluate_references, format_references
+
+    target, head = tiny_head()
+    g = torch.Generator().manual_seed(4)
+
+    def example(L, prompt_tokens):
+        t = torch.randint(0, TINY.vocab, (L,), generator=g)
+        return Example(t, torch.randn(L, TINY.hidden, generator=g), t, prompt_tokens, "c")
+
+    train, held = [example(30, 8), example(20, 5), example(26, 6)], [example(24, 4), example(18, 9)]
+    references = evaluate_references(head, target, train, held, 3, seed=0)
+    sample = references["head_on_training_sample"]
+    assert sample["sequences"] == 2 and sample["steps"] >= 1
+    table = bigram_table(train)
+    steps = np.concatenate([walk(bigram_accepted(table, e.tokens, e.prompt_tokens, 3), 3) for e in held])
+    assert references["bigram_on_held_out"]["steps"] == len(steps)
+    assert references["bigram_on_held_out"]["accepted_per_step"] == pytest.approx(steps.mean())
+    assert "bigram chain, held out" in format_references(references)
 
 
 def test_head_file_round_trips_and_refuses_another_target(tmp_path):

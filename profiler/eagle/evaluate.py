@@ -9,8 +9,15 @@ accepts the leading drafts that equal the target's output t_(p+1), t_(p+2), ...
 
 `chain_accepted` computes every root of one sequence at once; walking them from the first root
 (each step from root p accepts a(p) drafts and moves a(p) + 1 on) gives the steps a live run makes.
+
+Two references put a head's figure in context: the same walk over training sequences (what the head
+does on text like what it learned from; far above the held-out figure, it says the data, not the
+head's mechanics, bounds acceptance) and over a bigram chain (each draft the commonest token after
+the one before it in the training continuations: what token statistics alone accept).
 """
 from __future__ import annotations
+
+from collections import Counter
 
 import numpy as np
 import torch
@@ -75,6 +82,33 @@ def chain_drafts(head: EagleHead, target: Llama, tokens: Tensor, hidden: Tensor,
         draft = draft_logits(feature, target).argmax(-1)
         drafts.append(draft)
     return torch.stack(drafts, 1)
+
+
+def bigram_table(examples) -> dict[int, int]:
+    """The commonest next token after each token of the training continuations (the target's own
+    output: positions from the last prompt token on), ties to the smaller id."""
+    counts: dict[int, Counter] = {}
+    for e in examples:
+        tokens = e.tokens.tolist()
+        for p in range(max(e.prompt_tokens - 1, 0), len(tokens) - 1):
+            counts.setdefault(tokens[p], Counter())[tokens[p + 1]] += 1
+    return {a: min(c.items(), key=lambda item: (-item[1], item[0]))[0] for a, c in counts.items()}
+
+
+def bigram_accepted(table: dict[int, int], tokens: Tensor, first_root: int, k: int) -> np.ndarray:
+    """[roots] accepted drafts of a bigram chain of k (each draft the table's successor of the one
+    before, the first of the root's token; no draft where the table has none) at each root
+    first_root..L-2 of one sequence."""
+    tokens = tokens.tolist()
+    L = len(tokens)
+    accepted = []
+    for p in range(first_root, L - 1):
+        current, a = tokens[p], 0
+        while a < k and p + a + 1 <= L - 1 and table.get(current) == tokens[p + a + 1]:
+            current = tokens[p + a + 1]
+            a += 1
+        accepted.append(a)
+    return np.asarray(accepted, dtype=np.int64)
 
 
 def walk(accepted_at: np.ndarray, k: int) -> np.ndarray:

@@ -15,7 +15,8 @@
    anywhere resumes from its last one.
 3. Evaluation: at every root of the held-out outputs, the chain of k drafts greedy verification
    would accept (profiler/eagle/evaluate.py), walked as a live run steps: mean accepted drafts and
-   tokens per step, per category and per position.
+   tokens per step, per category and per position; beside it, the same walk over as many training
+   sequences, and a bigram chain of the training continuations over the held-out outputs.
 The head (DIR/head.safetensors) and its provenance and evaluation (DIR/head.json) are written last.
 """
 from __future__ import annotations
@@ -162,6 +163,7 @@ def train_eagle(config: TrainEagleConfig) -> int:
 
     head.eval()
     evaluation = evaluate_head(head, target, held, config.eval_k) if held else None
+    references = evaluate_references(head, target, train, held, config.eval_k, config.seed) if held else None
     last = np.asarray(losses[-per_epoch:]) if losses else np.zeros((1, 2))
     meta = {
         "target": config.model, "target_shape": target_shape(target.config), "dtype": "fp32",
@@ -173,7 +175,7 @@ def train_eagle(config: TrainEagleConfig) -> int:
                      "noise": config.noise, "soft_labels": config.soft_labels, "prompt_loss": config.prompt_loss,
                      "final_epoch_regression_loss": float(last[:, 0].mean()),
                      "final_epoch_classification_loss": float(last[:, 1].mean())},
-        "evaluation": evaluation, "seed": config.seed, "git_revision": git_revision(), "versions": versions(("torch",)),
+        "evaluation": evaluation, "references": references, "seed": config.seed, "git_revision": git_revision(), "versions": versions(("torch",)),
         # The data's time (model load and generation, when data.pt was made, by whichever run made it)
         # and this run's training and evaluation: a run that reused data.pt took only the second.
         "data_wall_s": data.get("wall_s"), "training_wall_s": round(time.time() - training_started, 1),
@@ -181,6 +183,8 @@ def train_eagle(config: TrainEagleConfig) -> int:
     }
     save_head(head, out, meta)
     print(format_evaluation(evaluation, config.eval_k) if evaluation else "no held-out prompts: not evaluated")
+    if references:
+        print(format_references(references))
     print(f"wrote {repo_relative(out)}/head.safetensors and head.json ({meta['wall_s']:.0f} s; data "
           f"{meta['data_wall_s'] if meta['data_wall_s'] is not None else '?'} s, training and evaluation "
           f"{meta['training_wall_s']:.0f} s)")
@@ -256,6 +260,30 @@ def evaluate_head(head, target, examples, k: int) -> dict:
         accepted = chain_accepted(head, target, e.tokens, e.hidden, e.prompt_tokens, k)
         steps.setdefault(e.category, []).append(walk(accepted, k))
     return {"k": k, **acceptance_report(steps, k)}
+
+
+def evaluate_references(head, target, train, held, k: int, seed: int) -> dict:
+    """The figures a held-out one is read against (all sequences together): the head on a sample of
+    its own training sequences (as many as held out), and a bigram chain of the training
+    continuations on the held-out outputs."""
+    from profiler.eagle.evaluate import acceptance_report, bigram_accepted, bigram_table, walk
+
+    chosen = np.random.default_rng([seed, 28]).choice(len(train), min(len(held), len(train)), replace=False)
+    sample = [train[i] for i in sorted(chosen)]
+    table = bigram_table(train)
+    bigram = {"held out": [walk(bigram_accepted(table, e.tokens, e.prompt_tokens, k), k) for e in held]}
+    return {"head_on_training_sample": evaluate_head(head, target, sample, k)["all"] | {"sequences": len(sample)},
+            "bigram_on_held_out": acceptance_report(bigram, k)["all"]}
+
+
+def format_references(references: dict) -> str:
+    lines = []
+    for name, s in (("the head on training sequences", references["head_on_training_sample"]),
+                    ("a bigram chain, held out", references["bigram_on_held_out"])):
+        rates = " ".join(f"{r:.2f}" for r in s["per_position"])
+        lines.append(f"{name:32s} {s['steps']:>6} steps {s['accepted_per_step']:>7.3f} accepted/step "
+                     f"{s['tokens_per_step']:>6.3f} tokens/step  {rates}")
+    return "\n".join(lines)
 
 
 def format_evaluation(evaluation: dict, k: int) -> str:

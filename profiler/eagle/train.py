@@ -175,7 +175,8 @@ def train_eagle(config: TrainEagleConfig) -> int:
                      "noise": config.noise, "soft_labels": config.soft_labels, "prompt_loss": config.prompt_loss,
                      "final_epoch_regression_loss": float(last[:, 0].mean()),
                      "final_epoch_classification_loss": float(last[:, 1].mean())},
-        "evaluation": evaluation, "references": references, "seed": config.seed, "git_revision": git_revision(), "versions": versions(("torch",)),
+        "evaluation": evaluation, "references": references,
+        "seed": config.seed, "git_revision": git_revision(), "versions": versions(("torch",)),
         # The data's time (model load and generation, when data.pt was made, by whichever run made it)
         # and this run's training and evaluation: a run that reused data.pt took only the second.
         "data_wall_s": data.get("wall_s"), "training_wall_s": round(time.time() - training_started, 1),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 
 from profiler.live.config import DEFAULT_PROMPTS
 from sim.errors import OneLineParser, exit_code
@@ -172,6 +172,8 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server-bin", type=Path, default=Path(".llama-server/bin/llama-server"),
                         help="--engine llama.cpp: its llama-server (scripts/build-llama-server.sh)")
     parser.add_argument("--port", type=int, default=8391, help="--engine vllm | llama.cpp: the server's port on 127.0.0.1")
+    parser.add_argument("--head", type=Path, default=None,
+                        help="--engine vllm: an EAGLE-1 checkpoint folder (export-hf --head); its drafting is timed too")
 
 
 def add_inspect_arguments(parser: argparse.ArgumentParser) -> None:
@@ -189,7 +191,10 @@ def add_serve_live_arguments(parser: argparse.ArgumentParser) -> None:
                         help="llama.cpp: its llama-server (scripts/build-llama-server.sh)")
     parser.add_argument("--parallel", type=int, default=None,
                         help="llama.cpp: the server's slots (default: the largest --batch, 16 with --rate only)")
-    parser.add_argument("--method", choices=("none", "ngram"), default="ngram")
+    parser.add_argument("--method", choices=("none", "ngram", "eagle"), default="ngram",
+                        help="eagle: vLLM only, the EAGLE-1 checkpoint in --head")
+    parser.add_argument("--head", type=Path, default=None,
+                        help="eagle: an EAGLE-1 checkpoint folder (python -m profiler export-hf --head HEAD writes one)")
     parser.add_argument("--k", type=int, nargs="+", default=[4],
                         help="drafted tokens per step; several: one server (and run folders) each")
     parser.add_argument("--prompt-lookup-min", type=int, default=2,
@@ -208,6 +213,9 @@ def add_serve_live_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context", type=int, nargs="+", default=None,
                         help="long-context mode: prompts of this many tokens; several: one run each")
     parser.add_argument("--text", type=Path, default=None, help="long-context mode: the plain text they are cut from")
+    parser.add_argument("--text-start", type=int, default=0,
+                        help="long-context mode: tokens of the text skipped before the first excerpt (e.g. past "
+                             "what a draft head was trained on)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="every request's output length (EOS ignored)")
     parser.add_argument("--baseline", action="store_true",
                         help="also run the server without speculation: speedup (several runs: its own folders too)")
@@ -230,6 +238,9 @@ def add_serve_live_arguments(parser: argparse.ArgumentParser) -> None:
 def add_export_hf_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2", help="smollm2 or a Llama-family .gguf file")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="the weights' dtype in the folder")
+    parser.add_argument("--head", type=Path, default=None,
+                        help="an EAGLE head folder (train-eagle --layout eagle1): write it as EAGLE-1's checkpoint, "
+                             "which vLLM serves, instead of the model")
     parser.add_argument("--out", type=Path, required=True, help="the model folder to write (must not exist)")
 
 
@@ -244,6 +255,10 @@ def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", type=Path, default=None, help="JSONL chat prompts with a category "
                         "(e.g. ../shared/data/spec_bench_questions.jsonl)")
     parser.add_argument("--text", type=Path, default=None, help="a plain text whose excerpts are prompts too")
+    parser.add_argument("--layout", choices=get_args(TrainEagleConfig.model_fields["layout"].annotation),
+                        default="standardized",
+                        help="standardized: this project's engine's; eagle1: EAGLE-1's, which vLLM serves "
+                             "(python -m profiler export-hf --head DIR writes vLLM's folder)")
     parser.add_argument("--held-out", default=",".join(HELD_OUT),
                         help="categories kept out of training and evaluated on (comma-separated)")
     for name in ("train_prompts", "eval_per_category", "text_excerpts", "excerpt_tokens", "max_new_tokens",
@@ -338,7 +353,7 @@ def dispatch(args: argparse.Namespace) -> int:
                                                venv=args.venv, server_bin=args.server_bin,
                                                dtype="fp32" if args.dtype == "auto" else args.dtype,
                                                threads=args.threads or 2, port=args.port, quick=args.quick,
-                                               rounds=args.rounds, seed=args.seed, out=args.out))
+                                               rounds=args.rounds, head=args.head, seed=args.seed, out=args.out))
     elif args.command == "calibrate":
         from profiler.calibrate.run import CalibrateConfig, calibrate
 
@@ -373,7 +388,7 @@ def dispatch(args: argparse.Namespace) -> int:
     elif args.command == "export-hf":
         from profiler.engine.export_hf import ExportConfig, export_hf
 
-        export_hf(ExportConfig(out=args.out, model=args.model, dtype=args.dtype))
+        export_hf(ExportConfig(out=args.out, model=args.model, dtype=args.dtype, head=args.head))
     return 0
 
 

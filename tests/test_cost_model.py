@@ -150,3 +150,39 @@ def test_a_black_box_step_of_several_groups_pays_the_step_fixed_cost_once():
     assert sum(parts) == pytest.approx(both)          # the shares split the step's time
     # The drafter's work is inside the measured steps: no separate n-gram time.
     assert cost.host_draft(4, shares(), 600.0) == 0.0
+
+
+EAGLE_BUNDLE = "calibration/cpu-vllm/smollm2-135m-eagle1"
+
+
+def test_a_black_box_eagle_head_is_priced_by_the_drafting_its_steps_add():
+    """A vLLM bundle with the EAGLE head's drafting timed (`calibrate --head`): a chain of k drafts
+    runs k head forwards a step, each a k-th of engine_draft at k + 1 verified tokens; the head's
+    prefill is engine_draft_prefill. A tree is not what vLLM's CPU build ran: roofline, said so."""
+    from conftest import REPO
+    from sim.cost.batch import DRAFT
+    from sim.cost.calibrated import CalibratedCostModel
+    from sim.formats.bundle import load_bundle
+
+    path = REPO / EAGLE_BUNDLE
+    base = {"hardware": "cpu", "model": "smollm2-135m", "dtype": "fp32", "engine": "vllm", "calibration": str(path),
+            "workload": {"concurrency": 1, "requests": 1, "prompt_tokens": 8, "output_tokens": 8}}
+    bundle = load_bundle(path)
+    draft_table, prefill_table = bundle.table("engine_draft"), bundle.table("engine_draft_prefill")
+    kv = float(draft_table.axes[2][-1])
+    for k in (2, 4):
+        scenario = load_scenario({**base, "speculation": {"method": "eagle", "num_speculative_tokens": k,
+                                                          "acceptance": {"rate": 0.2}}})
+        cost = CalibratedCostModel(scenario, bundle)
+        head = build_stacks(scenario).draft
+        parts = shares()
+        seconds = cost.forward(head, [uniform_group(DRAFT, 4, 1, int(4 * kv))], parts)
+        assert seconds == pytest.approx(draft_table(4, k + 1, kv) / k) and sum(parts) == pytest.approx(seconds)
+        prompt = Group(PREFILL, 1, 256, 256, 256, 0, [256], [256])
+        assert cost.forward(head, [prompt], shares()) == pytest.approx(prefill_table(1, 256))
+        assert not any("eagle" in w for w in cost.warnings)
+    tree = load_scenario({**base, "speculation": {"method": "eagle", "tree": {"width": 2, "depth": 3},
+                                                  "acceptance": {"rate": 0.2}}})
+    cost = CalibratedCostModel(tree, bundle)
+    cost.forward(build_stacks(tree).draft, [uniform_group(DRAFT, 4, 2, 4 * 600)], shares())
+    assert any("stack eagle priced by the roofline model" in w for w in cost.warnings)

@@ -11,7 +11,7 @@ from conftest import REPO
 from profiler.eagle.data import Example
 from profiler.eagle.evaluate import (acceptance_report, bigram_accepted, bigram_table, chain_accepted, chain_drafts,
                                       walk)
-from profiler.engine.eagle_head import EagleHead, draft_logits, load_head, save_head, target_shape
+from profiler.engine.eagle_head import LAYOUTS, EagleHead, load_head, save_head, target_shape
 from profiler.engine.loaders import random_model
 from profiler.engine.model import LlamaConfig
 
@@ -19,9 +19,9 @@ TINY = LlamaConfig(name="tiny", layers=2, hidden=32, heads=4, kv_heads=2, head_d
                    max_context=256, tied_embeddings=False)
 
 
-def tiny_head(seed=0):
+def tiny_head(seed=0, layout="standardized"):
     target = random_model(TINY, seed=seed).model
-    head = EagleHead(TINY)
+    head = EagleHead(TINY, layout)
     torch.manual_seed(seed)
     with torch.no_grad():
         for p in head.parameters():
@@ -31,8 +31,9 @@ def tiny_head(seed=0):
     return target, head.eval()
 
 
-def test_chain_at_every_root_equals_the_head_run_over_each_root_sequence():
-    target, head = tiny_head()
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_chain_at_every_root_equals_the_head_run_over_each_root_sequence(layout):
+    target, head = tiny_head(layout=layout)
     L, k = 24, 4
     tokens = torch.randint(0, TINY.vocab, (L,), generator=torch.Generator().manual_seed(1))
     hidden = torch.randn(L, TINY.hidden, generator=torch.Generator().manual_seed(2)) * 3
@@ -40,10 +41,10 @@ def test_chain_at_every_root_equals_the_head_run_over_each_root_sequence():
     with torch.no_grad():
         for r, p in enumerate(range(10, L - 1)):
             # The head's inputs for root p: the target's states before p, then its own chain.
-            states, nexts, drafts = list(hidden[:p]), list(tokens[1:p + 1]), []
+            states, nexts, drafts = list(head.features(hidden[:p], target)), list(tokens[1:p + 1]), []
             for _ in range(k):
                 estimate = head.forward_sequence(torch.stack(states)[None], torch.stack(nexts)[None], target)[0, -1]
-                drafts.append(int(draft_logits(estimate, target).argmax()))
+                drafts.append(int(head.logits(estimate, target).argmax()))
                 states.append(estimate)
                 nexts.append(torch.tensor(drafts[-1]))
             assert proposed[r].tolist() == drafts, f"root {p}"
@@ -107,10 +108,12 @@ def test_references_walk_a_training_sample_and_a_bigram_chain_like_the_held_out_
     assert "bigram chain, held out" in format_references(references)
 
 
-def test_head_file_round_trips_and_refuses_another_target(tmp_path):
-    target, head = tiny_head()
-    save_head(head, tmp_path / "head", {"target_shape": target_shape(TINY)})
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_head_file_round_trips_and_refuses_another_target(tmp_path, layout):
+    target, head = tiny_head(layout=layout)
+    save_head(head, tmp_path / "head", {"layout": layout, "target_shape": target_shape(TINY)})
     again, meta = load_head(tmp_path / "head", target)
+    assert again.layout == layout
     tokens, hidden = torch.arange(12) % TINY.vocab, torch.randn(12, TINY.hidden)
     assert torch.equal(chain_drafts(head, target, tokens, hidden, 4, 3), chain_drafts(again, target, tokens, hidden, 4, 3))
     other = random_model(LlamaConfig(**{**TINY.__dict__, "hidden": 48, "head_dim": 12})).model
@@ -145,3 +148,32 @@ def test_the_loss_counts_only_the_continuation_unless_told_otherwise(tmp_path):
             config = TrainEagleConfig(out=tmp_path, noise=0.0, cls_weight=0.0, prompt_loss=prompt_loss)
             _, regression, _ = batch_loss(head, target, [example], config, torch.Generator().manual_seed(0))
             assert float(regression) == pytest.approx(float(torch.stack(errors[first - 1:]).mean()), rel=1e-5)
+
+
+def test_an_eagle1_head_exports_under_eagle1_names_with_the_targets_rotary_layout():
+    from profiler.engine.export_hf import eagle_state
+    from profiler.engine.gguf_loader import permute_rope
+
+    target, head = tiny_head(layout="eagle1")
+    state = {name: value.numpy() for name, value in head.state_dict().items()}
+    exported = eagle_state(state, TINY)
+    layer = "layers.0."
+    assert set(exported) == {"fc.weight", *(layer + n + ".weight" for n in (
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "post_attention_layernorm",
+        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"))}
+    # Read back as the loaders read a Hugging Face checkpoint: Q and K permuted to the interleaved layout.
+    wqkv = np.concatenate([permute_rope(exported[layer + "self_attn.q_proj.weight"], TINY.heads),
+                           permute_rope(exported[layer + "self_attn.k_proj.weight"], TINY.kv_heads),
+                           exported[layer + "self_attn.v_proj.weight"]])
+    assert np.array_equal(wqkv, state["layer.attention.wqkv.weight"])
+    assert np.array_equal(np.concatenate([exported[layer + "mlp.gate_proj.weight"], exported[layer + "mlp.up_proj.weight"]]),
+                          state["layer.feed_forward.w_gate_up.weight"])
+    assert "fc.bias" not in state and "layer.attention_norm.weight" not in state      # EAGLE-1 has neither
+
+
+def test_exporting_a_standardized_head_for_vllm_is_one_line_and_exit_2(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "profiler", "export-hf", "--head", "heads/smollm2-135m-eagle",
+                           "--out", tmp_path / "h"], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "error: --head: heads/smollm2-135m-eagle is a standardized head; vLLM serves EAGLE-1's layout "
+        "(python -m profiler train-eagle --layout eagle1)") and not (tmp_path / "h").exists()

@@ -25,8 +25,8 @@ TINY = LlamaConfig(name="tiny", layers=2, hidden=32, heads=4, kv_heads=2, head_d
 PROMPTS = [[3, 17, 8, 22, 5], [9, 1, 40, 2, 2, 13, 30, 7, 11], [4, 4, 19], [25, 6, 33, 12, 48, 21, 0]]
 
 
-def random_head(config: LlamaConfig, seed: int = 0, dtype=torch.float64) -> EagleHead:
-    head = EagleHead(config)
+def random_head(config: LlamaConfig, seed: int = 0, dtype=torch.float64, layout="standardized") -> EagleHead:
+    head = EagleHead(config, layout)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in head.parameters():
@@ -70,10 +70,11 @@ class EveryThirdStepPlain(StepPolicy):
         return (0, 2, 3)[self.calls % 3]
 
 
-@pytest.mark.parametrize("serving", ["static", "continuous", "policy"])
-def test_live_drafts_are_the_evaluations_chain_and_the_output_is_the_targets(serving):
+@pytest.mark.parametrize("serving,layout", [("static", "standardized"), ("continuous", "standardized"),
+                                            ("policy", "standardized"), ("continuous", "eagle1")])
+def test_live_drafts_are_the_evaluations_chain_and_the_output_is_the_targets(serving, layout):
     target = random_model(TINY, dtype=torch.float64, seed=1).model
-    head = random_head(TINY)
+    head = random_head(TINY, layout=layout)
     drafter = EagleDrafter(head)
     seen = recording(drafter)
     if serving == "static":

@@ -144,18 +144,23 @@ def test_a_study_is_every_drafter_at_every_setting_and_llama_cpp_has_a_slot_per_
     assert len(single) == 1 and single[0].out == tmp_path / "s" and single[0].parallel == 2
 
 def test_calibration_steps_are_the_gaps_while_all_requests_decode_and_lie_on_the_query_axis(exported):
-    from profiler.serve.calibrate import StepPoint, all_decoding_gaps, decode_prompts, on_query_axis, pooled
+    from profiler.serve.calibrate import (StepPoint, all_decoding_gaps, decode_prompts, head_forward_s, on_query_axis,
+                                          pooled)
     from profiler.serve.client import RequestRecord
 
     # Request 1 starts late and request 0 ends early: only gaps inside [0.3, 0.7] count.
     a, b = RequestRecord(0, 8, chunk_s=[0.1, 0.3, 0.5, 0.7]), RequestRecord(1, 8, chunk_s=[0.3, 0.45, 0.6, 0.75, 0.9])
     assert sorted(all_decoding_gaps([a, b])) == pytest.approx([0.15, 0.15, 0.2, 0.2])
     # Step times at query 1 and measured 2.5 and 4.5 (k = 2, 4 cut short): read at 1, 3, 5 on the line.
-    points = [StepPoint(1, 128, 0, 0.010, 1.0, 9), StepPoint(1, 128, 2, 0.013, 2.5, 9),
-              StepPoint(1, 128, 4, 0.017, 4.5, 9)]
+    points = [StepPoint(1, 128, 0, "none", 0.010, 1.0, 9), StepPoint(1, 128, 2, "ngram", 0.013, 2.5, 9),
+              StepPoint(1, 128, 4, "ngram", 0.017, 4.5, 9)]
     assert on_query_axis(points, [1, 3, 5]) == pytest.approx([0.010, 0.014, 0.018])
+    # An EAGLE head's forward: the slope over k of what its steps add at their query (here 3 and 5:
+    # 0.014 and 0.018 without the head): adding 0.004 at k = 2 and 0.010 at k = 4 gives 24 / 20 ms.
+    eagle = [StepPoint(1, 128, 2, "eagle", 0.018, 3.0, 9), StepPoint(1, 128, 4, "eagle", 0.028, 5.0, 9)]
+    assert head_forward_s(eagle, points) == pytest.approx((2 * 0.004 + 4 * 0.010) / (4 + 16))
     # A point's rounds pooled: the mean over all their gaps, not the faster round's.
-    both = pooled([StepPoint(4, 512, 2, 0.030, 3.0, 30), StepPoint(4, 512, 2, 0.040, 2.8, 10)])
+    both = pooled([StepPoint(4, 512, 2, "ngram", 0.030, 3.0, 30), StepPoint(4, 512, 2, "ngram", 0.040, 2.8, 10)])
     assert (both.step_s, both.query, both.gaps) == pytest.approx((0.0325, 2.95, 40))
     # Decode prompts: a phrase of its own repeated per request (every n-gram lookup matches).
     from profiler.engine.loaders import _hf_tokenizer
@@ -216,11 +221,18 @@ def test_a_server_that_cannot_start_is_one_line_and_leaves_nothing_running(tmp_p
     assert server_processes() == []
 
 
-def test_vllm_serves_ngram_speculation_and_the_run_folder_records_it(tmp_path, exported):
+@pytest.fixture(scope="module")
+def ngram_run(tmp_path_factory, exported):
+    """vLLM serving 3 prompts at batch 2 with n-gram k = 3 and without speculation (--baseline)."""
     venv = vllm_venv()
-    out = tmp_path / "run"
+    out = tmp_path_factory.mktemp("ngram") / "run"
     assert serve("--model", exported, "--venv", venv, "--method", "ngram", "--k", 3, "--batch", 2, "--limit", 3,
                  "--max-new-tokens", 24, "--baseline", "--out", out) == 0
+    return out
+
+
+def test_vllm_serves_ngram_speculation_and_the_run_folder_records_it(tmp_path, ngram_run):
+    out = ngram_run
     assert server_processes() == []
     summary = json.loads((out / "summary.json").read_text())
     meta = json.loads((out / "meta.json").read_text())
@@ -260,6 +272,35 @@ def test_vllm_serves_ngram_speculation_and_the_run_folder_records_it(tmp_path, e
     assert row.measured_speedup == pytest.approx(summary["speedup"]) and row.predicted_speedup > 0
     assert row.measured_tokens_per_step == pytest.approx(summary["tokens_per_step"])
     assert 1.0 <= row.predicted_tokens_per_step <= 4.0 and row.predicted_ttft_p50_ms > 0
+
+
+def test_vllm_serves_the_committed_eagle1_head_losslessly_and_sim_validate_prices_it(tmp_path, exported, ngram_run):
+    """The EAGLE-1 head exported as vLLM's checkpoint: vLLM drafts with it (its counters per position),
+    every output is the one vLLM decodes without speculation (the n-gram run's, itself checked
+    against its baseline), and the simulator prices the run from the bundle that timed the head."""
+    import pandas as pd
+
+    from profiler.engine.export_hf import ExportConfig, export_hf
+    from sim.cli import main as sim_main
+
+    head = export_hf(ExportConfig(out=tmp_path / "eagle1-vllm", head=ROOT / "heads" / "smollm2-135m-eagle1"))
+    out = tmp_path / "run"
+    assert serve("--model", exported, "--venv", vllm_venv(), "--method", "eagle", "--head", head, "--k", 3,
+                 "--batch", 2, "--limit", 3, "--max-new-tokens", 24, "--out", out) == 0
+    assert server_processes() == []
+    summary = json.loads((out / "summary.json").read_text())
+    spec = summary["spec_decode"]
+    assert summary["method"] == "eagle"
+    # An EAGLE head drafts k at every step.
+    assert spec["drafts"] > 0 and spec["draft_tokens"] == 3 * spec["drafts"] and len(spec["accepted_per_position"]) == 3
+    read = lambda run: [json.loads(line)["tokens"] for line in (run / "outputs.jsonl").read_text().splitlines()]  # noqa: E731
+    assert read(out) == read(ngram_run)
+    bundle = ROOT / "calibration" / "cpu-vllm" / "smollm2-135m-eagle1"
+    assert sim_main(["validate", str(out), "--calibration", str(bundle), "--out", str(tmp_path / "v")]) == 0
+    row = pd.read_csv(tmp_path / "v" / "validation.csv", comment="#").iloc[0]
+    assert row.drafter == "eagle k=3" and row.predicted_tok_s > 0
+    assert row.measured_tokens_per_step == pytest.approx(summary["tokens_per_step"])
+    assert abs(row.predicted_tokens_per_step / row.measured_tokens_per_step - 1) < 0.1
 
 
 LLAMA_SERVER = ROOT / ".llama-server" / "bin" / "llama-server"

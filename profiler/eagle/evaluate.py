@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from profiler.engine.eagle_head import EagleHead, draft_logits, rotations
+from profiler.engine.eagle_head import EagleHead, rotations
 from profiler.engine.model import Llama
 
 
@@ -44,7 +44,7 @@ def chain_accepted(head: EagleHead, target: Llama, tokens: Tensor, hidden: Tenso
 def chain_drafts(head: EagleHead, target: Llama, tokens: Tensor, hidden: Tensor, first_root: int, k: int) -> Tensor:
     """[roots, k] the chain of k drafts the head proposes at each root first_root..L-2."""
     dtype = target.lm_head.weight.dtype
-    tokens, hidden = tokens.to(hidden.device), hidden.to(dtype)
+    tokens, hidden = tokens.to(hidden.device), head.features(hidden.to(dtype), target)
     L = len(tokens)
     roots = torch.arange(first_root, L - 1)
     a = head.layer.attention
@@ -54,12 +54,12 @@ def chain_drafts(head: EagleHead, target: Llama, tokens: Tensor, hidden: Tensor,
     q_t, keys, values = head.project(x, rotations(target, torch.arange(n))[None, :, None])
     out = torch.nn.functional.scaled_dot_product_attention(q_t, keys, values, is_causal=True,
                                                            enable_gqa=a.heads != a.kv_heads)
-    estimates = head.unstandardize(x + head.feed(x, out))[0]                      # [L-1, H]: estimate of f_(i+1)
+    estimates = head.estimate(x + head.feed(x, out))[0]                           # [L-1, H]: estimate of f_(i+1)
     group = a.heads // a.kv_heads
     keys, values = keys[0].repeat_interleave(group, 0), values[0].repeat_interleave(group, 0)   # [Hq, n, D]
 
     feature = estimates[roots - 1]                                                # estimate of f_p
-    draft = draft_logits(feature, target).argmax(-1)                              # d_1, [R]
+    draft = head.logits(feature, target).argmax(-1)                               # d_1, [R]
     drafts = [draft]
     own_k, own_v = [], []                                                         # the chain's entries
     visible = torch.arange(n)[None, :] < roots[:, None]                           # [R, n]: indices < p
@@ -78,8 +78,8 @@ def chain_drafts(head: EagleHead, target: Llama, tokens: Tensor, hidden: Tensor,
         weights = torch.softmax(torch.cat([teacher, chain], -1).float(), -1).to(q.dtype)
         attended = (torch.einsum("rhn,hnd->rhd", weights[..., :n], values)
                     + torch.einsum("rhc,rhcd->rhd", weights[..., n:], chain_v))
-        feature = head.unstandardize(x + head.feed(x, attended[:, :, None]))[:, 0]
-        draft = draft_logits(feature, target).argmax(-1)
+        feature = head.estimate(x + head.feed(x, attended[:, :, None]))[:, 0]
+        draft = head.logits(feature, target).argmax(-1)
         drafts.append(draft)
     return torch.stack(drafts, 1)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -38,6 +39,7 @@ class TrainEagleConfig(BaseModel):
 
     out: Path
     model: str = "smollm2"
+    layout: Literal["standardized", "eagle1"] = "standardized"   # the head's layout (profiler/engine/eagle_head.py): standardized | eagle1
     prompts: Path | None = None          # JSONL chat prompts with `category`
     text: Path | None = None             # a plain text whose excerpts are prompts too
     held_out: tuple[str, ...] = HELD_OUT  # categories kept out of training, evaluated on
@@ -114,8 +116,9 @@ def train_eagle(config: TrainEagleConfig) -> int:
     train, held = data["train"], data["eval"]
     training_started = time.time()
 
-    head = EagleHead(target.config)
-    every = torch.cat([e.hidden[1:] for e in train])      # position 0 (the attention sink's) is never a target
+    head = EagleHead(target.config, config.layout)
+    # Position 0 (the attention sink's) is never a target.
+    every = head.features(torch.cat([e.hidden[1:] for e in train]), target)
     head.feature_mean.copy_(every.mean(0))
     head.feature_std.copy_(every.std(0).clamp(min=1e-3))
     del every
@@ -166,7 +169,7 @@ def train_eagle(config: TrainEagleConfig) -> int:
     references = evaluate_references(head, target, train, held, config.eval_k, config.seed) if held else None
     last = np.asarray(losses[-per_epoch:]) if losses else np.zeros((1, 2))
     meta = {
-        "target": config.model, "target_shape": target_shape(target.config), "dtype": "fp32",
+        "layout": config.layout, "target": config.model, "target_shape": target_shape(target.config), "dtype": "fp32",
         "data": {"prompts": repo_relative(config.prompts), "text": repo_relative(config.text),
                  "held_out_categories": list(config.held_out), "train_sequences": len(train),
                  "train_tokens": int(sum(len(e.tokens) for e in train)), "eval_sequences": len(held)},
@@ -220,8 +223,6 @@ def batch_loss(head, target, rows, config: TrainEagleConfig, generator):
     import torch
     import torch.nn.functional as F
 
-    from profiler.engine.eagle_head import draft_logits
-
     L = max(len(e.tokens) for e in rows)
     B, H = len(rows), target.config.hidden
     hidden = torch.zeros(B, L, H)
@@ -234,6 +235,7 @@ def batch_loss(head, target, rows, config: TrainEagleConfig, generator):
         # EAGLE's loss mask: a head drafts only from roots in the target's own output, whose first
         # estimate is of f_p, p >= prompt_tokens; the prompt's entries are attention context only.
         valid[b, 0 if config.prompt_loss else e.prompt_tokens:n] = True
+    hidden = head.features(hidden, target)
     noisy = hidden[:, :-1] + (torch.rand(B, L - 1, H, generator=generator) * 2 - 1) * config.noise
     estimates = head.forward_sequence(noisy, tokens[:, 1:], target)          # estimate of f_(i+1), [B, L-1, H]
     mask = valid[:, 1:]
@@ -242,11 +244,11 @@ def batch_loss(head, target, rows, config: TrainEagleConfig, generator):
     chosen = mask & (torch.rand(mask.shape, generator=generator) < config.cls_share)
     if not chosen.any():
         chosen = mask
-    logits = draft_logits(estimates[chosen], target)
+    logits = head.logits(estimates[chosen], target)
     if config.soft_labels:
         # EAGLE's token loss: cross-entropy against the target's own distribution at f_(i+1).
         with torch.no_grad():
-            wanted = torch.softmax(draft_logits(hidden[:, 1:][chosen], target), -1)
+            wanted = torch.softmax(head.logits(hidden[:, 1:][chosen], target), -1)
         classification = F.cross_entropy(logits, wanted)
     else:
         classification = F.cross_entropy(logits, labels[:, 1:][chosen])

@@ -5,7 +5,7 @@ The head keeps its own one-layer KV cache, one entry per sequence index: entry i
 hands over its states of the committed positions after every forward (prefill chunks, and each
 verification: the root and the accepted nodes; Llama.keep_hidden). A step from root p:
   1. catch up: feed the entries not yet fed, up to p - 1, whose last reads (f_(p-1), t_p) and
-     estimates f_p; the target's final norm and LM head on it give the first level's logits;
+     estimates f_p; the target's LM head on it gives the first level's logits;
   2. each level feeds its nodes, one per branch, with that branch's latest estimate: the node of
      level L reads (its branch's estimate of f_(p+L-1), the node) at index p + L - 1 and gives the
      branch's next logits. Branch w's entry of level L goes to slot p + (L - 1) W + w, past the
@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from profiler.engine.eagle_head import EagleHead, draft_logits
+from profiler.engine.eagle_head import EagleHead
 from profiler.engine.drafters import DraftInput, ModelDrafter
 from profiler.engine.model import Llama, context_mask
 
@@ -30,7 +30,7 @@ class EagleDrafter(ModelDrafter):
     def __init__(self, head: EagleHead):
         self.head = head
         self.target: Llama | None = None
-        self.features: Tensor | None = None     # [rows, max_seq, H]: the target's states by position
+        self.features: Tensor | None = None     # [rows, max_seq, H]: the head's features of the target's states by position
         self.tokens: Tensor | None = None       # [rows, max_seq]: the tokens by position
         self.fed: Tensor | None = None          # [rows]: entries 0..fed - 1 hold the target's own states
         self.estimates: Tensor | None = None    # [B, W, H]: each branch's latest estimate (while drafting)
@@ -55,7 +55,8 @@ class EagleDrafter(ModelDrafter):
         tokens, counts = padded(chunks, self.fed.device)
         T = tokens.shape[1]
         # Past a shorter prompt's end these hold padding, which take_hidden overwrites before any read.
-        self.features[first_row:first_row + R, start:start + T] = self.target.kept_hidden[:, :T]
+        self.features[first_row:first_row + R, start:start + T] = self.head.features(self.target.kept_hidden[:, :T],
+                                                                                 self.target)
         self.tokens[first_row:first_row + R, start:start + T] = tokens
         if start == 0:
             self.fed[first_row:first_row + R] = 0          # new requests in these rows: their entries start over
@@ -67,7 +68,7 @@ class EagleDrafter(ModelDrafter):
         rows = torch.tensor([row for row, _, _ in spans], device=device)
         first = torch.tensor([start for _, start, _ in spans], device=device)
         layout, counts = padded([indices for _, _, indices in spans], device)
-        write_rows(self.features, rows, first, hidden[rows[:, None], layout], counts)
+        write_rows(self.features, rows, first, self.head.features(hidden[rows[:, None], layout], self.target), counts)
         self.fed[rows] = torch.minimum(self.fed[rows], first)
 
     def first_forward(self, model, step: DraftInput) -> Tensor:
@@ -81,7 +82,7 @@ class EagleDrafter(ModelDrafter):
         write_rows(self.tokens, torch.arange(len(roots), device=self.fed.device), self.fed[:len(roots)], tokens, counts)
         estimate = self.catch_up(0, roots)                                                  # [B, H]: of f_p
         self.estimates = estimate[:, None]
-        return draft_logits(estimate, self.target)
+        return self.head.logits(estimate, self.target)
 
     def feed_level(self, model, step: DraftInput, level: int, tokens: Tensor) -> Tensor:
         W = step.shape.width
@@ -97,7 +98,7 @@ class EagleDrafter(ModelDrafter):
         mask[torch.arange(B, device=device)[:, None, None], 0, branch[None, :, None], own] = True
         estimate = self.run_head(self.estimates.expand(B, W, -1), tokens, index, slots, mask, 0)
         self.estimates = estimate
-        return draft_logits(estimate, self.target)
+        return self.head.logits(estimate, self.target)
 
     def catch_up(self, first_row: int, ends: list[int]) -> Tensor | None:
         """Feed each row's entries fed..end - 1 (rows first_row.., one end per row) in one head
@@ -131,7 +132,7 @@ class EagleDrafter(ModelDrafter):
         R, T = index.shape
         cache_index = slots[:, None, :, None].expand(R, c.kv_heads, T, c.head_dim)
         rotation = self.target.rope[index][:, :, None]
-        return head.unstandardize(head.layer(x, cache_index, rotation, mask, first_row=first_row))
+        return head.estimate(head.layer(x, cache_index, rotation, mask, first_row=first_row))
 
     def keep_rows(self, model, rows):
         attention = self.head.layer.attention

@@ -10,8 +10,19 @@ Training (profiler/eagle/train.py) runs the whole sequence at once, causally, wi
 (`forward_sequence`); the head's weights are those of a `profiler.engine.model.Block`, so a live
 drafter can run the same layer with a cache.
 
+Two layouts (head.json's `layout`):
+  standardized  this project's: the head reads the target's states standardized per dimension (fc
+                with a bias), its layer is a whole decoder layer, and its estimates go through the
+                target's own final norm before the LM head.
+  eagle1        EAGLE-1's, as vLLM reads it (`--speculative-config '{"method": "eagle", ...}'`):
+                the head reads the target's states after its final norm (what vLLM hands a drafter),
+                fc has no bias, the layer has no input norm, and the LM head reads its output as is.
+                `python -m profiler export-hf --head DIR` writes such a head as vLLM's folder.
+In either, the head works in its own feature space (`features`): its estimates live there and are
+fed back there.
+
 On disk a head is a folder: head.safetensors (fc, the layer's weights and the feature standardization, fp32)
-and head.json (the target's shape and the training's provenance).
+and head.json (the layout, the target's shape and the training's provenance).
 """
 from __future__ import annotations
 
@@ -27,40 +38,63 @@ from profiler.engine.model import Block, Llama, LlamaConfig, apply_rope, rope_ta
 WEIGHTS, META = "head.safetensors", "head.json"
 
 
-class EagleHead(nn.Module):
-    """The head works on standardized hidden states: a small target's last hidden state has a few
-    dimensions hundreds of times wider than the rest (SmolLM2-135M: per-dimension spread 22 in the
-    median, up to 400), which would swamp the regression. feature_mean and feature_std, measured on
-    the training data, map the target's states in and the head's estimates back out."""
+LAYOUTS = ("standardized", "eagle1")
 
-    def __init__(self, config: LlamaConfig):
+
+class EagleHead(nn.Module):
+    """A standardized head works on standardized hidden states: a small target's last hidden state
+    has a few dimensions hundreds of times wider than the rest (SmolLM2-135M: per-dimension spread
+    22 in the median, up to 400), which would swamp the regression. feature_mean and feature_std,
+    measured on the training data, map the target's states in and the head's estimates back out;
+    an eagle1 head's forward does not use them (its training loss does)."""
+
+    def __init__(self, config: LlamaConfig, layout: str = "standardized"):
         super().__init__()
+        if layout not in LAYOUTS:
+            raise ValueError(f"unknown head layout {layout!r} (one of {', '.join(LAYOUTS)})")
         self.config = config
-        self.fc = nn.Linear(2 * config.hidden, config.hidden, bias=True)
+        self.layout = layout
+        self.fc = nn.Linear(2 * config.hidden, config.hidden, bias=layout == "standardized")
         self.layer = Block(config)
+        if layout == "eagle1":
+            self.layer.attention_norm = nn.Identity()     # EAGLE-1 drops its layer's input norm
         self.register_buffer("feature_mean", torch.zeros(config.hidden))
         self.register_buffer("feature_std", torch.ones(config.hidden))
 
-    def standardize(self, hidden: Tensor) -> Tensor:
-        return (hidden - self.feature_mean) / self.feature_std
+    def features(self, target_hidden: Tensor, target: Llama) -> Tensor:
+        """The head's features [.., H] of the target's last hidden states [.., H] (before its final
+        norm): those states themselves, or (eagle1) after the target's final norm."""
+        return target_hidden if self.layout == "standardized" else target.norm(target_hidden)
 
-    def fuse(self, hidden: Tensor, next_tokens: Tensor, target: Llama) -> Tensor:
-        """[B, T, H]: the layer's input from the target's hidden states [B, T, H] (or the head's
-        own estimates) and the next tokens [B, T] (embedded by the target's own table)."""
-        return self.fc(torch.cat([target.embed(next_tokens).to(hidden.dtype), self.standardize(hidden)], dim=-1))
+    def standardize(self, features: Tensor) -> Tensor:
+        return (features - self.feature_mean) / self.feature_std
 
-    def unstandardize(self, y: Tensor) -> Tensor:
-        """The layer's output [.., H] as an estimate of the target's hidden state."""
-        return y * self.feature_std + self.feature_mean
+    def fuse(self, features: Tensor, next_tokens: Tensor, target: Llama) -> Tensor:
+        """[B, T, H]: the layer's input from features [B, T, H] (the target's or the head's own
+        estimates) and the next tokens [B, T] (embedded by the target's own table)."""
+        if self.layout == "standardized":
+            features = self.standardize(features)
+        return self.fc(torch.cat([target.embed(next_tokens).to(features.dtype), features], dim=-1))
 
-    def forward_sequence(self, hidden: Tensor, next_tokens: Tensor, target: Llama) -> Tensor:
-        """Estimates of f_(i+1) at every index i of whole sequences, causally, without a cache:
-        [B, T, H] from hidden [B, T, H] and next_tokens [B, T] (index i at position i)."""
-        x = self.fuse(hidden, next_tokens, target)
+    def estimate(self, y: Tensor) -> Tensor:
+        """The layer's output [.., H] as an estimate of the next feature."""
+        return y * self.feature_std + self.feature_mean if self.layout == "standardized" else y
+
+    def logits(self, features: Tensor, target: Llama) -> Tensor:
+        """The target's LM head on features [.., H] (after its final norm, for a standardized
+        head): [.., vocab] fp32."""
+        if self.layout == "standardized":
+            features = target.norm(features)
+        return target.lm_head(features).float()
+
+    def forward_sequence(self, features: Tensor, next_tokens: Tensor, target: Llama) -> Tensor:
+        """Estimates of feature i + 1 at every index i of whole sequences, causally, without a cache:
+        [B, T, H] from features [B, T, H] and next_tokens [B, T] (index i at position i)."""
+        x = self.fuse(features, next_tokens, target)
         B, T, _ = x.shape
         positions = torch.arange(T, device=x.device)
         rotation = rotations(target, positions)[None, :, None]
-        return self.unstandardize(x + self.attend_and_feed(x, rotation))
+        return self.estimate(x + self.attend_and_feed(x, rotation))
 
     def attend_and_feed(self, x: Tensor, rotation: Tensor) -> Tensor:
         """The layer's residual update of x [B, T, H], causal over T, in plain torch (differentiable)."""
@@ -93,11 +127,6 @@ def rotations(target: Llama, positions: Tensor) -> Tensor:
     return target.rope[positions]
 
 
-def draft_logits(features: Tensor, target: Llama) -> Tensor:
-    """The target's own final norm and LM head on estimated hidden states: [..., vocab] fp32."""
-    return target.lm_head(target.norm(features)).float()
-
-
 def save_head(head: EagleHead, folder: Path, meta: dict) -> None:
     """Write head.safetensors and head.json into folder (each through a temporary file)."""
     from safetensors.torch import save_file
@@ -124,7 +153,7 @@ def load_head(folder: Path, target: Llama) -> tuple[EagleHead, dict]:
     if meta.get("target_shape") != shape:
         raise InputError("--head", f"{folder} was trained for a target of shape {meta.get('target_shape')}, "
                                    f"not this one's {shape}")
-    head = EagleHead(target.config)
+    head = EagleHead(target.config, meta.get("layout", "standardized"))
     head.load_state_dict(load_file(str(folder / WEIGHTS)))
     weight = target.lm_head.weight
     return head.to(device=weight.device, dtype=weight.dtype).eval(), meta

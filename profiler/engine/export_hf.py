@@ -13,6 +13,11 @@
 
 into a temporary folder renamed to DIR when complete. The weights are the GGUF's after
 dequantization, so the folder runs the same model `profiler live --model smollm2` runs.
+
+With `--head HEAD` it writes instead that EAGLE head (`profiler train-eagle --layout eagle1`) as
+EAGLE-1's checkpoint folder, which vLLM serves with `--speculative-config '{"method": "eagle",
+"model": DIR, ...}'`: config.json (the target's, one layer) and model.safetensors holding fc and
+layer 0 under EAGLE-1's names, with no input norm, embedding or LM head (vLLM shares the target's).
 """
 from __future__ import annotations
 
@@ -37,6 +42,7 @@ class ExportConfig:
     out: Path
     model: str = "smollm2"      # "smollm2" or a Llama-family .gguf file
     dtype: str = "fp32"         # fp32 | bf16
+    head: Path | None = None    # an eagle1 head folder: write it as EAGLE-1's checkpoint instead
 
 
 def unpermute_rope(weight: np.ndarray, heads: int) -> np.ndarray:
@@ -91,6 +97,41 @@ def hf_state(shape: LlamaConfig, weight) -> dict[str, np.ndarray]:
     return {k: np.ascontiguousarray(v) for k, v in state.items()}
 
 
+def eagle_state(head: dict[str, np.ndarray], shape: LlamaConfig) -> dict[str, np.ndarray]:
+    """An eagle1 head's weights (profiler.engine.eagle_head.EagleHead's state) under EAGLE-1's
+    checkpoint names; Q and K rows back to the half-split rotary layout, as the target's."""
+    q, k, v = np.split(head["layer.attention.wqkv.weight"],
+                       [shape.heads * shape.head_dim, (shape.heads + shape.kv_heads) * shape.head_dim])
+    gate, up = np.split(head["layer.feed_forward.w_gate_up.weight"], 2)
+    state = {"fc.weight": head["fc.weight"],
+             "layers.0.self_attn.q_proj.weight": unpermute_rope(q, shape.heads),
+             "layers.0.self_attn.k_proj.weight": unpermute_rope(k, shape.kv_heads),
+             "layers.0.self_attn.v_proj.weight": v, "layers.0.self_attn.o_proj.weight": head["layer.attention.wo.weight"],
+             "layers.0.post_attention_layernorm.weight": head["layer.ffn_norm.weight"],
+             "layers.0.mlp.gate_proj.weight": gate, "layers.0.mlp.up_proj.weight": up,
+             "layers.0.mlp.down_proj.weight": head["layer.feed_forward.w_down.weight"]}
+    return {name: np.ascontiguousarray(value) for name, value in state.items()}
+
+
+def read_eagle1_head(folder: Path, shape: LlamaConfig) -> dict[str, np.ndarray]:
+    """The weights of an eagle1 head trained for a target of this shape; InputError otherwise."""
+    from safetensors.numpy import load_file
+
+    from profiler.engine.eagle_head import META, WEIGHTS, target_shape
+
+    if not (folder / WEIGHTS).is_file() or not (folder / META).is_file():
+        raise InputError("--head", f"{folder} is not a head folder (no {WEIGHTS} and {META}; python -m profiler "
+                                   f"train-eagle --layout eagle1 writes one)")
+    meta = json.loads((folder / META).read_text())
+    if meta.get("layout", "standardized") != "eagle1":
+        raise InputError("--head", f"{folder} is a {meta.get('layout', 'standardized')} head; vLLM serves EAGLE-1's "
+                                   f"layout (python -m profiler train-eagle --layout eagle1)")
+    if meta.get("target_shape") != target_shape(shape):
+        raise InputError("--head", f"{folder} was trained for a target of shape {meta.get('target_shape')}, "
+                                   f"not this one's {target_shape(shape)}")
+    return load_file(str(folder / WEIGHTS))
+
+
 def export_hf(config: ExportConfig) -> Path:
     """Write the folder; returns it. Bad input raises InputError (one line)."""
     from safetensors.numpy import save_file
@@ -109,10 +150,13 @@ def export_hf(config: ExportConfig) -> Path:
         reader, tensor = open_gguf(path)
         shape = read_config(reader)
         tok = tokenizer_from_gguf(reader)
-        state = hf_state(shape, lambda key, i=0: tensor(GGUF_NAMES[key].format(i=i)))
+        if config.head is None:
+            state = hf_state(shape, lambda key, i=0: tensor(GGUF_NAMES[key].format(i=i)))
     except (ModelLoadError, ValueError, KeyError) as exc:
         raise InputError("--model", f"{path.name}: {exc}") from None
     torch_dtype, np_dtype = DTYPES[config.dtype]
+    if config.head is not None:
+        return write_eagle_folder(config, shape, tok, read_eagle1_head(config.head, shape))
 
     def fill(folder: Path) -> None:
         if np_dtype is None:       # bf16: safetensors via torch, which has the dtype
@@ -132,4 +176,25 @@ def export_hf(config: ExportConfig) -> Path:
 
     write_folder_atomic(config.out, fill)
     print(f"wrote {config.out}: {shape.name}, {shape.layers} layers, {len(state)} tensors ({config.dtype})")
+    return config.out
+
+
+def write_eagle_folder(config: ExportConfig, shape: LlamaConfig, tok: ChatTokenizer, head: dict[str, np.ndarray]) -> Path:
+    """EAGLE-1's checkpoint folder of an eagle1 head: config.json (the target's, one layer) and
+    model.safetensors."""
+    from safetensors.numpy import save_file
+
+    torch_dtype, np_dtype = DTYPES[config.dtype]
+    if np_dtype is None:
+        raise InputError("--dtype", "an EAGLE head is written in fp32 (vLLM runs it in the target's dtype)")
+    state = eagle_state(head, shape)
+    settings = {**hf_config(shape, tok, torch_dtype), "num_hidden_layers": 1}
+
+    def fill(folder: Path) -> None:
+        save_file({k: v.astype(np_dtype) for k, v in state.items()}, str(folder / "model.safetensors"),
+                  metadata={"format": "pt"})
+        (folder / "config.json").write_text(json.dumps(settings, indent=2) + "\n")
+
+    write_folder_atomic(config.out, fill)
+    print(f"wrote {config.out}: EAGLE-1 head of {config.head} for {shape.name} ({len(state)} tensors, fp32)")
     return config.out

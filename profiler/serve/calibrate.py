@@ -19,6 +19,16 @@ Nothing inside the engine is timed; what is timed is what a client sees, on the 
                   grid's query axis by a piecewise-linear line through the measured (query, time).
   engine_prefill  (batch 1, tokens): time to first token of a single fresh prompt (no prefix-cache
                   hit), one output token; more requests scale it linearly (the table's extrapolation).
+With `--head DIR` (vLLM: an EAGLE-1 checkpoint folder), one more server per k drafts with that head,
+on the same decode points and prefill points:
+  engine_draft          (batch, query, kv): a step's drafting of k = query - 1 tokens (each step
+                        verifies query tokens per request): k head forwards, each the slope over
+                        k = 2, 4, 6 of what an EAGLE server's mean gap adds to the steps without
+                        the head at the same (batch, kv) and measured query (an EAGLE head drafts k
+                        tokens every step, so it verifies k + 1): the head's catch-up and its k
+                        forwards, and whatever else EAGLE adds to a step;
+  engine_draft_prefill  (batch 1, tokens): the EAGLE server's time to first token less the plain
+                        server's, the same prompt lengths: the head's prefill (and its first drafts).
 The bundle has the operator bundle's format (`engine: vllm` or `llama.cpp`, the engine's version in
 `versions`); its fits say the steps already hold the host work (no step overhead, no separate n-gram
 time). Decode points reuse each server's prompts, so the prefix cache serves their prefill; every
@@ -63,6 +73,7 @@ class ServerCalibrateConfig:
     port: int = 8391
     quick: bool = False
     rounds: int | None = None        # passes over the decode points per server, their gaps pooled
+    head: Path | None = None         # vllm: an EAGLE-1 checkpoint folder, its drafting timed too
     seed: int = 0
     out: Path | None = None
 
@@ -72,6 +83,7 @@ class StepPoint:
     batch: int
     prompt_tokens: int
     k: int                           # the server's drafted tokens per step (0: no speculation)
+    method: str                      # the server's drafter: none, ngram or eagle
     step_s: float                    # mean gap between chunks while all requests decode
     query: float                     # mean tokens verified per request-step
     gaps: int                        # gaps the mean is over
@@ -109,7 +121,7 @@ def all_decoding_gaps(records: list[RequestRecord]) -> list[float]:
 
 
 def measure_step(server: EngineServerConfig, url: str, prompts: list[list[int]], batch: int, prompt_tokens: int,
-                 k: int) -> StepPoint:
+                 k: int, method: str) -> StepPoint:
     """One decode point: `batch` requests at once, each of `prompt_tokens` tokens, NEW_TOKENS out."""
     chosen = [p[:prompt_tokens] for p in prompts[:batch]]
     # The prompts prefilled first (one output token each), so that the timed requests find them
@@ -129,7 +141,7 @@ def measure_step(server: EngineServerConfig, url: str, prompts: list[list[int]],
     if not gaps:
         # A point whose requests never all decoded together (too few steps): the steps of each.
         gaps = [g for r in records for g in r.itl_s]
-    return StepPoint(batch, prompt_tokens, k, float(np.mean(gaps)), float(query), len(gaps))
+    return StepPoint(batch, prompt_tokens, k, method, float(np.mean(gaps)), float(query), len(gaps))
 
 
 def measure_prefill(port: int, api: CompletionApi, tokens: int, seed: int, repeats: int) -> float:
@@ -150,7 +162,7 @@ def pooled(rounds: list[StepPoint]) -> StepPoint:
     weights = np.array([p.gaps for p in rounds], dtype=float)
     weights = weights if weights.sum() > 0 else np.ones(len(rounds))
     first = rounds[0]
-    return StepPoint(first.batch, first.prompt_tokens, first.k,
+    return StepPoint(first.batch, first.prompt_tokens, first.k, first.method,
                      float(np.average([p.step_s for p in rounds], weights=weights)),
                      float(np.average([p.query for p in rounds], weights=weights)), int(sum(p.gaps for p in rounds)))
 
@@ -172,13 +184,24 @@ def on_query_axis(points: list[StepPoint], query_axis: list[int]) -> list[float]
     return out
 
 
-def server_for(config: ServerCalibrateConfig, k: int, max_model_len: int, slots: int) -> EngineServerConfig:
-    """The engine's server drafting k tokens by n-gram (k 0: no speculation)."""
+def head_forward_s(eagle: list[StepPoint], plain: list[StepPoint]) -> float:
+    """One EAGLE head forward's time at one (batch, kv): the least-squares slope through the origin
+    of what the EAGLE steps add over the steps without the head (`plain`, at the same mean query)
+    against k. A chain of k runs k head forwards a step, and one server's difference alone is as
+    small as the minute-to-minute drift at k = 2 (about 15 ms on steps of 50-500 ms here)."""
+    ks = np.array([e.k for e in eagle], dtype=float)
+    added = np.array([e.step_s - on_query_axis(plain, [e.query])[0] for e in eagle])
+    return float(max((ks * added).sum() / (ks * ks).sum(), 1e-6))
+
+
+def server_for(config: ServerCalibrateConfig, k: int, max_model_len: int, slots: int,
+               method: str = "ngram") -> EngineServerConfig:
+    """The engine's server drafting k tokens by n-gram or (vLLM) the EAGLE head (k 0: no speculation)."""
     if config.engine == "vllm":
+        speculative = None if not k else vllm.eagle_config(config.head, k) if method == "eagle" else vllm.ngram_config(k)
         return vllm.VllmServerConfig(model=config.model, venv=config.venv, port=config.port,
                                      dtype=vllm.DTYPES[config.dtype], max_model_len=max_model_len,
-                                     threads=config.threads, seed=config.seed,
-                                     speculative=vllm.ngram_config(k) if k else None)
+                                     threads=config.threads, seed=config.seed, speculative=speculative)
     return llama_cpp.LlamaServerConfig(model=config.model, binary=config.server_bin, port=config.port,
                                        parallel=slots, max_model_len=max_model_len, threads=config.threads,
                                        seed=config.seed, speculative=llama_cpp.ngram_simple(k) if k else None)
@@ -202,6 +225,8 @@ def calibrate_server(config: ServerCalibrateConfig) -> Path:
         raise InputError("--dtype", f"vLLM's CPU build is calibrated in {', '.join(vllm.DTYPES)} (got {config.dtype})")
     if config.rounds is not None and config.rounds < 1:
         raise InputError("--rounds", f"must be at least 1 (got {config.rounds})")
+    if config.head is not None and config.engine != "vllm":
+        raise InputError("--head", "an EAGLE head is calibrated on vLLM's server only")
     out = config.out or Path("calibration") / f"cpu-{config.engine.replace('.', '-')}" / config.model.stem
     if out.exists() and any(out.iterdir()):
         raise InputError("--out", f"{out} exists; give a new folder")
@@ -211,8 +236,10 @@ def calibrate_server(config: ServerCalibrateConfig) -> Path:
     rounds = config.rounds or (1 if config.quick else 2)
     longest = max(prompt_axis[-1], prefill_axis[-1]) + NEW_TOKENS + max(ks) + 1
     max_model_len = int(2 ** np.ceil(np.log2(longest)))
+    servers = [("none", 0), *[("ngram", k) for k in ks], *[("eagle", k) for k in (ks if config.head else [])]]
+    for method, k in servers:
+        server_for(config, k, max_model_len, max(batches), method).check()    # every server's input, before any starts
     base = server_for(config, 0, max_model_len, max(batches))
-    base.check()
     tok, shape, dtype, _ = read_engine_model(config.engine, config.model, config.dtype)
     bundle_dtype = scenario_dtype(dtype)
 
@@ -220,24 +247,26 @@ def calibrate_server(config: ServerCalibrateConfig) -> Path:
     rng = np.random.default_rng(config.seed)
     prompts = decode_prompts(tok, max(batches), prompt_axis[-1], config.seed)
     steps: list[StepPoint] = []
-    prefill: dict[int, float] = {}
+    prefill: dict[str, dict[int, float]] = {"none": {}, "eagle": {}}
     decode_points = [(b, p) for b in batches for p in prompt_axis]
-    total = (len(ks) + 1) * rounds * len(decode_points) + len(prefill_axis)
+    total = len(servers) * rounds * len(decode_points) + len(prefill_axis) * (2 if config.head else 1)
     with stopped_by_sigterm(), tqdm(total=total, desc=f"{config.engine} engine", unit="point") as bar:
-        for k in [0, *ks]:
-            server_config = server_for(config, k, max_model_len, max(batches))
+        for method, k in servers:
+            server_config = server_for(config, k, max_model_len, max(batches), method)
             with ServerProcess(server_config) as server:
-                measure_step(server_config, server.url, prompts, 1, 32, k)          # warm-up
-                if k == 0:
+                measure_step(server_config, server.url, prompts, 1, 32, k, method)          # warm-up
+                if method in prefill and not prefill[method]:
                     for i, tokens in enumerate(prefill_axis):
-                        prefill[tokens] = measure_prefill(config.port, server_config.api, tokens,
-                                                          config.seed + 1000 * (i + 1), 3)
+                        # The same fresh prompts on both servers: the difference is the head's.
+                        prefill[method][tokens] = measure_prefill(config.port, server_config.api, tokens,
+                                                                  config.seed + 1000 * (i + 1), 3)
                         bar.update()
                 by_point: dict[tuple, list[StepPoint]] = {}
                 for _ in range(rounds):
                     for i in rng.permutation(len(decode_points)):
                         b, p = decode_points[int(i)]
-                        by_point.setdefault((b, p), []).append(measure_step(server_config, server.url, prompts, b, p, k))
+                        by_point.setdefault((b, p), []).append(
+                            measure_step(server_config, server.url, prompts, b, p, k, method))
                         bar.update()
                 steps += [pooled(measured) for measured in by_point.values()]
 
@@ -246,14 +275,24 @@ def calibrate_server(config: ServerCalibrateConfig) -> Path:
     rows = []
     for b in batches:
         for p, kv in zip(prompt_axis, kv_axis):
-            mine = [s for s in steps if s.batch == b and s.prompt_tokens == p]
+            mine = [s for s in steps if s.batch == b and s.prompt_tokens == p and s.method != "eagle"]
             for q, seconds in zip(query_axis, on_query_axis(mine, query_axis)):
                 rows.append({"op": "engine_forward", "batch": b, "query": q, "kv": kv, "seconds": seconds})
-    rows += [{"op": "engine_prefill", "batch": 1, "tokens": t, "seconds": s} for t, s in prefill.items()]
+            eagle = [s for s in steps if s.batch == b and s.prompt_tokens == p and s.method == "eagle"]
+            if eagle:
+                forward_s = head_forward_s(eagle, mine)
+                rows += [{"op": "engine_draft", "batch": b, "query": e.k + 1, "kv": kv, "seconds": e.k * forward_s}
+                         for e in eagle]
+    rows += [{"op": "engine_prefill", "batch": 1, "tokens": t, "seconds": s} for t, s in prefill["none"].items()]
+    rows += [{"op": "engine_draft_prefill", "batch": 1, "tokens": t, "seconds": max(s - prefill["none"][t], 1e-6)}
+             for t, s in prefill["eagle"].items()]
     frame = pd.DataFrame([{**{c: np.nan for c in COLUMNS}, "spread": np.nan, "runs": rounds, "held_out": False, **r}
                           for r in rows])[list(COLUMNS)]
     grid = {"engine_forward": {"batch": batches, "query": query_axis, "kv": kv_axis},
             "engine_prefill": {"batch": [1], "tokens": prefill_axis}}
+    if config.head is not None:
+        grid |= {"engine_draft": {"batch": batches, "query": query_axis[1:], "kv": kv_axis},
+                 "engine_draft_prefill": {"batch": [1], "tokens": prefill_axis}}
     model_name = preset_with_shape(shape.__dict__) or repo_relative(config.model)
     meta = bundle_meta(shape, model_name, bundle_dtype, "cpu", cpu_model(), grid, rounds, config.quick, config.seed)
     meta["engine"] = config.engine
@@ -262,14 +301,18 @@ def calibrate_server(config: ServerCalibrateConfig) -> Path:
     meta["weights"] = dtype
     meta["fits"] = {"step_overhead_s": 0.0, "request_overhead_s": 0.0, "host_work_in_steps": True}
     meta["measured_steps"] = [s.__dict__ for s in steps]
+    if config.head is not None:
+        meta["draft_head"] = repo_relative(config.head)
+        meta["draft_estimator"] = "k x the least-squares slope over k of what the EAGLE steps add (head_forward_s)"
+        meta["measured_prefill"] = {method: {str(t): s for t, s in points.items()} for method, points in prefill.items()}
     meta["step_estimator"] = "mean gap, pooled over rounds"
     meta.update(held_out={}, new_tokens=NEW_TOKENS, max_model_len=max_model_len,
                 duration_s=round(time.perf_counter() - started, 1))
     if config.engine == "llama.cpp":
         meta["slots"] = max(batches)
     write_bundle(out, frame, meta)
-    print(f"{out}: {config.engine} {meta['versions'][config.engine]} black box, {len(steps)} decode points and {len(prefill)} prefill "
+    print(f"{out}: {config.engine} {meta['versions'][config.engine]} black box, {len(steps)} decode points and {len(prefill['none'])} prefill "
           f"points in {meta['duration_s']:.0f} s")
-    print(json.dumps({f"b{s.batch} p{s.prompt_tokens} k{s.k}": f"{s.step_s * 1e3:.1f} ms at q {s.query:.2f}"
+    print(json.dumps({f"b{s.batch} p{s.prompt_tokens} {s.method} k{s.k}": f"{s.step_s * 1e3:.1f} ms at q {s.query:.2f}"
                       for s in steps}, indent=1))
     return out

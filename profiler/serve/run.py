@@ -54,7 +54,8 @@ class ServeConfig(BaseModel):
     venv: Path = Path(".vllm-venv")      # vllm: its virtual environment
     server_bin: Path = llama_cpp.DEFAULT_BINARY   # llama.cpp: its llama-server
     parallel: int | None = None          # llama.cpp: slots (default: the study's largest batch)
-    method: Literal["none", "ngram"] = "ngram"
+    method: Literal["none", "ngram", "eagle"] = "ngram"
+    head: Path | None = None             # eagle (vllm): EAGLE-1's checkpoint folder (profiler export-hf --head)
     k: int = 4                           # drafted tokens per step
     prompt_lookup_min: int = 2           # ngram: shortest n-gram matched (llama.cpp: the n-gram looked up)
     prompt_lookup_max: int = 4           # ngram: longest n-gram matched (vllm only)
@@ -79,7 +80,7 @@ class ServeConfig(BaseModel):
 
     def recorded(self) -> dict:
         values = self.model_dump(mode="json")
-        for name in ("model", "venv", "server_bin", "prompts", "text", "out"):
+        for name in ("model", "venv", "server_bin", "prompts", "text", "head", "out"):
             values[name] = repo_relative(getattr(self, name))
         if self.model == smollm2_gguf():
             values["model"] = "smollm2"          # the package's file, wherever it is installed
@@ -99,7 +100,11 @@ class ServeConfig(BaseModel):
         """The engine's server for this run's drafter."""
         drafting = self.method != "none"
         if self.engine == "vllm":
-            speculative = vllm.ngram_config(self.k, self.prompt_lookup_min, self.prompt_lookup_max) if drafting else None
+            speculative = None
+            if self.method == "ngram":
+                speculative = vllm.ngram_config(self.k, self.prompt_lookup_min, self.prompt_lookup_max)
+            elif self.method == "eagle":
+                speculative = vllm.eagle_config(self.head, self.k)
             return vllm.VllmServerConfig(model=self.model, venv=self.venv, port=self.port, dtype=vllm.DTYPES[self.dtype],
                                          max_model_len=self.max_model_len, threads=self.threads, seed=self.seed,
                                          speculative=speculative, extra_args=self.server_args, log=log)
@@ -125,6 +130,8 @@ def check_serve_config(config: ServeConfig) -> None:
             raise InputError(f"--{name.replace('_', '-')}", f"must be at least 1 (got {getattr(config, name)})")
     if config.prompt_lookup_min > config.prompt_lookup_max:
         raise InputError("--prompt-lookup-min", "must not exceed --prompt-lookup-max")
+    if config.text_start < 0:
+        raise InputError("--text-start", f"must be non-negative (got {config.text_start})")
     if config.limit is not None and config.limit < 1:
         raise InputError("--limit", f"must be at least 1 (got {config.limit})")
     if config.seed < 0:
@@ -139,6 +146,11 @@ def check_serve_config(config: ServeConfig) -> None:
         raise InputError("--context", "long-context mode needs both --context and --text")
     if config.out.exists():
         raise InputError("--out", f"{config.out} exists; give a new folder")
+    if config.method == "eagle" and config.engine != "vllm":
+        raise InputError("--method", "eagle runs on vLLM's server only (llama.cpp's server drafts with n-grams here)")
+    if config.method == "eagle" and config.head is None:
+        raise InputError("--head", "--method eagle needs --head DIR: an EAGLE-1 checkpoint folder "
+                                   "(python -m profiler export-hf --head HEAD --out DIR writes one)")
     if config.parallel is not None and config.parallel < 1:
         raise InputError("--parallel", f"must be at least 1 (got {config.parallel})")
     if config.engine == "llama.cpp" and config.batch is not None and config.batch > (config.parallel or 1):

@@ -68,6 +68,11 @@ class VllmServerConfig:
                                         f"python -m profiler export-hf writes one")
         if not list(self.model.glob("*.safetensors")):
             raise InputError("--model", f"{self.model} has no .safetensors weights")
+        if self.speculative is not None and self.speculative["method"] == "eagle":
+            head = Path(self.speculative["model"])
+            if not (head / "config.json").is_file() or not list(head.glob("*.safetensors")):
+                raise InputError("--head", f"{head} is not an EAGLE checkpoint folder (config.json and .safetensors; "
+                                           f"python -m profiler export-hf --head HEAD --out DIR writes one)")
         check_port(self.port)
 
     def version(self) -> str:
@@ -85,3 +90,8 @@ def ngram_config(k: int, lookup_min: int = 2, lookup_max: int = 4) -> dict:
     """vLLM's --speculative-config for prompt lookup (n-gram) drafting k tokens."""
     return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": lookup_min,
             "prompt_lookup_max": lookup_max}
+
+
+def eagle_config(head: Path, k: int) -> dict:
+    """vLLM's --speculative-config for an EAGLE-1 head (a checkpoint folder) drafting chains of k."""
+    return {"method": "eagle", "model": str(head), "num_speculative_tokens": k}

@@ -142,6 +142,30 @@ class _BlackBox:
         return self.forward(n, q, max(kv, q))
 
 
+class _BlackBoxDraft:
+    """An EAGLE head priced by the drafting an engine's steps add, timed from outside (`profiler
+    calibrate --engine vllm --head DIR`): engine_draft (requests, query tokens verified, KV tokens),
+    a step's whole drafting of query - 1 tokens, and engine_draft_prefill (requests, prompt tokens),
+    the head's part of a prompt's first token. A chain of k drafts runs k head forwards a step (the
+    catch-up that gives the first draft, then one a draft), each priced a k-th of the step's."""
+
+    def __init__(self, bundle: Bundle, k: int):
+        self.draft = bundle.table("engine_draft")
+        self.prefill = bundle.table("engine_draft_prefill")
+        self.k = k
+
+    def step_s(self, groups: Sequence[Group]) -> tuple[float, list[float]]:
+        own = [self.group_s(g) if g.tokens else 0.0 for g in groups]
+        return sum(own), own
+
+    def group_s(self, group: Group) -> float:
+        n = max(group.requests, 1)
+        if group.phase == PREFILL:
+            return self.prefill(n, group.tokens / n)
+        kv = group.kv_tokens_sum / n
+        return self.draft(n, self.k + 1, kv) / self.k
+
+
 class CalibratedCostModel(RooflineCostModel):
     """RooflineCostModel's interface with measured terms (see the module docstring)."""
 
@@ -186,8 +210,13 @@ class CalibratedCostModel(RooflineCostModel):
         if self.bundle.table("engine_forward") is not None:
             if same_shape and prefix == "linear" and stack.name == "target" and stack.layers == m.layers:
                 return _BlackBox(self.bundle)
+            k = self.scenario.speculation.num_speculative_tokens
+            if stack.name == "eagle" and self.bundle.table("engine_draft") is not None and \
+                    self.scenario.speculation.tree is None:
+                return _BlackBoxDraft(self.bundle, k)
             self.warnings.append(f"stack {stack.name} priced by the roofline model (the bundle times "
-                                 f"{self.bundle.meta.get('engine')} forwards of the target only)")
+                                 f"{self.bundle.meta.get('engine')} forwards of the target"
+                                 f"{' and an EAGLE head, in chains' if self.bundle.table('engine_draft') else ''} only)")
             return None
         needed = [f"{prefix}.{n}" for n, _, _ in stack.linears] if stack.layers else []
         needed += ["elementwise", "attention", "attention_prefill"] + (["lm_head"] if lm_head and stack.lm_head_vocab else [])
@@ -204,7 +233,7 @@ class CalibratedCostModel(RooflineCostModel):
         return _Priced(stack, self._cost_of(stack), self.bundle, prefix, lm_head)
 
     def needs_kv_tokens(self, stack: Stack, query: int) -> bool:
-        if isinstance(self.priced(stack), _BlackBox):
+        if isinstance(self.priced(stack), (_BlackBox, _BlackBoxDraft)):
             return False
         if self.priced(stack) is None:
             return super().needs_kv_tokens(stack, query)
@@ -216,7 +245,7 @@ class CalibratedCostModel(RooflineCostModel):
         if p is None:
             return super().forward(stack, groups, shares, offloaded_layers=offloaded_layers,
                                    kv_offloaded=kv_offloaded, repeat=repeat)
-        if isinstance(p, _BlackBox):
+        if isinstance(p, (_BlackBox, _BlackBoxDraft)):
             seconds, own = p.step_s(groups)
             total = sum(own)
             for g, part in zip(groups, own):

@@ -134,6 +134,8 @@ class ServerRun(RunFolder):
         if not self.speculative:
             return "none"
         a = self.args
+        if self.method == "eagle":
+            return f"eagle k={a['k']}"
         if self.meta.get("engine") == "llama.cpp":        # ngram-simple looks up one n-gram length
             return f"{self.method} k={a['k']} n={a['prompt_lookup_min']}"
         return f"{self.method} k={a['k']} n={a['prompt_lookup_min']}-{a['prompt_lookup_max']}"

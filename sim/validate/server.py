@@ -91,7 +91,9 @@ def server_scenario(run: ServerRun, calibration: Path, trace_dir: Path, acceptan
                 "calibration": str(calibration), "workload": workload, "scheduler": engine_scheduler(run),
                 "seed": int(run.meta.get("seed", 0))}
     if acceptance is not None:
-        scenario["speculation"] = {"method": "ngram", "num_speculative_tokens": int(run.args["k"]),
+        # The run's drafter: n-gram prompt lookup, or (vLLM) an EAGLE head, priced by the bundle's
+        # engine_draft tables (profiler calibrate --engine vllm --head DIR).
+        scenario["speculation"] = {"method": run.method, "num_speculative_tokens": int(run.args["k"]),
                                    "acceptance": acceptance}
     return scenario
 

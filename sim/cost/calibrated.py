@@ -210,10 +210,9 @@ class CalibratedCostModel(RooflineCostModel):
         if self.bundle.table("engine_forward") is not None:
             if same_shape and prefix == "linear" and stack.name == "target" and stack.layers == m.layers:
                 return _BlackBox(self.bundle)
-            k = self.scenario.speculation.num_speculative_tokens
-            if stack.name == "eagle" and self.bundle.table("engine_draft") is not None and \
-                    self.scenario.speculation.tree is None:
-                return _BlackBoxDraft(self.bundle, k)
+            spec = self.scenario.speculation
+            if stack.name == "eagle" and self.bundle.table("engine_draft") is not None and spec.tree is None:
+                return _BlackBoxDraft(self.bundle, spec.num_speculative_tokens)
             self.warnings.append(f"stack {stack.name} priced by the roofline model (the bundle times "
                                  f"{self.bundle.meta.get('engine')} forwards of the target"
                                  f"{' and an EAGLE head, in chains' if self.bundle.table('engine_draft') else ''} only)")

@@ -222,6 +222,10 @@ def add_serve_live_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interleave", action="store_true",
                         help="start the servers afresh for each setting, its drafters back to back (paired runs "
                              "where the machine's speed drifts); default: each server serves every setting")
+    parser.add_argument("--bracket", action="store_true",
+                        help="with --baseline: run the baseline before the speculative servers and again after "
+                             "(folders none-... and none-after-...); a speedup is over the two's mean, and their "
+                             "difference is how far the machine moved meanwhile")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="vllm: the weights' dtype")
     parser.add_argument("--threads", type=int, default=2, help="the server's OpenMP threads")
     parser.add_argument("--max-model-len", type=int, default=2048, help="the server's context limit")

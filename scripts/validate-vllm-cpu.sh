@@ -10,9 +10,10 @@
 # OUT: default validation/vllm-cpu; BUNDLE: an existing `calibrate --engine vllm` bundle (default:
 # calibration/cpu-vllm/smollm2-135m, calibrated first if missing: about 15 minutes).
 # Needs .vllm-venv and runs/smollm2-hf (scripts/setup-vllm-cpu.sh). The servers start afresh for
-# every setting, its four drafters back to back (--interleave), so each speedup is measured minutes,
-# not tens of minutes, from its baseline; with the 48 server starts (about 40 s each) this takes
-# 54 minutes on a 2-core CPU. Run nothing else on the machine meanwhile.
+# every setting, its drafters back to back (--interleave) between a baseline before and one after
+# (--bracket), so each speedup is over the mean of two baselines minutes from it; with the 60
+# server starts (about 40 s each) this takes about 70 minutes on a 2-core CPU. Run nothing else on
+# the machine meanwhile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 text=${1:?usage: scripts/validate-vllm-cpu.sh TEXT [OUT] [BUNDLE]}
@@ -22,7 +23,7 @@ model=runs/smollm2-hf
 if [ ! -f "$bundle/meta.json" ]; then
     python -m profiler calibrate --engine vllm --model "$model" --out "$bundle"
 fi
-common=(--engine vllm --model "$model" --method ngram --k 2 4 6 --baseline --interleave
+common=(--engine vllm --model "$model" --method ngram --k 2 4 6 --baseline --interleave --bracket
         --text "$text" --max-new-tokens 64 --max-model-len 4096)
 rm -rf "$out/c512" "$out/c2048" "$out/poisson"
 python -m profiler serve-live "${common[@]}" --context 512 --batch 1 2 4 8 16 --limit 4 4 8 16 24 \

@@ -17,6 +17,7 @@ import pytest
 from conftest import SHARED_DATA
 from profiler.cli import main
 from profiler.serve.metrics import parse_spec_counters
+from sim.errors import InputError
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".vllm-venv"
@@ -142,6 +143,12 @@ def test_a_study_is_every_drafter_at_every_setting_and_llama_cpp_has_a_slot_per_
     # One run and its baseline: one folder, the baseline in its summary.
     single = settings_of({**values, "k": [3], "batch": [2], "limit": None})
     assert len(single) == 1 and single[0].out == tmp_path / "s" and single[0].parallel == 2
+    # --bracket: the baseline before the drafters and again after, each pass a folder of its own.
+    bracketed = settings_of({**values, "batch": [8], "limit": [8], "bracket": True})
+    assert [c.out.name for c in bracketed] == ["none-b8", "ngram-k2-b8", "ngram-k4-b8", "none-after-b8"]
+    assert [c.after for c in bracketed] == [False, False, False, True]
+    with pytest.raises(InputError, match="--bracket"):
+        settings_of({**values, "baseline": False, "bracket": True})
 
 def test_calibration_steps_are_the_gaps_while_all_requests_decode_and_lie_on_the_query_axis(exported):
     from profiler.serve.calibrate import (StepPoint, all_decoding_gaps, decode_prompts, head_forward_s, on_query_axis,
@@ -371,11 +378,11 @@ def test_llama_server_serves_ngram_speculation_interleaved_and_sim_validate_read
 
     binary = llama_server()
     out = tmp_path / "study"
-    # Two drafters at one setting, interleaved with the baseline: three server starts, three folders.
+    # Two drafters at one setting, interleaved and bracketed by the baseline: four server starts, four folders.
     assert serve("--engine", "llama.cpp", "--model", "smollm2", "--server-bin", binary, "--k", 3, 4, "--batch", 2,
-                 "--limit", 3, "--max-new-tokens", 24, "--baseline", "--interleave", "--out", out) == 0
+                 "--limit", 3, "--max-new-tokens", 24, "--baseline", "--interleave", "--bracket", "--out", out) == 0
     assert llama_processes() == []
-    assert sorted(p.name for p in out.iterdir()) == ["ngram-k3-b2", "ngram-k4-b2", "none-b2"]
+    assert sorted(p.name for p in out.iterdir()) == ["ngram-k3-b2", "ngram-k4-b2", "none-after-b2", "none-b2"]
     run = out / "ngram-k3-b2"
     summary = json.loads((run / "summary.json").read_text())
     meta = json.loads((run / "meta.json").read_text())
@@ -393,15 +400,20 @@ def test_llama_server_serves_ngram_speculation_interleaved_and_sim_validate_read
     assert int((requests.chunks - 1).sum()) < decode_tokens        # merged: fewer chunks than tokens
     # Greedy: speculation changes no output token; the baseline is its own folder and in the summary.
     assert summary["agreement"]["identical_requests"] == 1.0
-    base = json.loads((out / "none-b2" / "summary.json").read_text())
-    assert summary["baseline_throughput_tok_s"] == pytest.approx(base["throughput_tok_s"])
+    # The speedup is over the mean of the baseline before and the one after.
+    passes = [json.loads((out / name / "summary.json").read_text())["throughput_tok_s"]
+              for name in ("none-b2", "none-after-b2")]
+    assert summary["baseline_passes_tok_s"] == pytest.approx(passes)
+    assert summary["baseline_throughput_tok_s"] == pytest.approx(sum(passes) / 2)
+    after = json.loads((out / "none-after-b2" / "meta.json").read_text())["arguments"]
+    assert after["after"] is True and after["method"] == "none"
     log = (run / "server.log").read_text()
     assert "model loaded" in log and f"{ROOT}/" not in log
     bundle = ROOT / "calibration" / "cpu-llama-cpp" / "smollm2-135m"
     assert sim_main(["validate", str(out), "--calibration", str(bundle), "--out", str(tmp_path / "v")]) == 0
     frame = pd.read_csv(tmp_path / "v" / "validation.csv", comment="#")
     # Two k: no other run of the same k to fit acceptance on, so "own" only (and the cost model for none).
-    assert set(frame.prediction) == {"cost model", "own"}
+    assert set(frame.prediction) == {"cost model", "own"} and (frame.prediction == "cost model").sum() == 2
     own = frame[(frame.prediction == "own") & (frame.run == "ngram-k3-b2")].iloc[0]
     assert own.measured_speedup == pytest.approx(summary["speedup"])
     assert own.measured_tokens_per_step == pytest.approx(summary["tokens_per_step"])

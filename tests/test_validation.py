@@ -514,3 +514,25 @@ def test_same_work_spread_compares_the_batch_1_servers_of_one_setting():
     # Pairs a-b (2.0 vs 2.2), a-c (2.0 vs 2.2), b-c (2.2 vs 2.2).
     assert spread["pairs"] == 3 and spread["median"] == pytest.approx(0.1)
     assert same_work_spread([runs[0], runs[3], runs[4]]) is None
+
+
+def test_bracket_spread_compares_a_settings_two_baselines_at_every_load():
+    import pandas as pd
+
+    from sim.validate.runs import ServerRun
+    from sim.validate.server import bracket_spread, same_work_line, same_work_spread
+
+    def run(name, method, batch, tok_s, after=False):
+        args = {"batch": batch, "rate": None, "context": 512, "k": 2, "after": after}
+        requests = pd.DataFrame({"request": [0, 1], "ttft_s": [1.0, 1.0]})
+        return ServerRun(Path(name), {"arguments": args}, {"method": method, "throughput_tok_s": tok_s}, requests)
+
+    runs = [run("none-b4", "none", 4, 50.0), run("ngram-k2-b4", "ngram", 4, 60.0), run("none-after-b4", "none", 4, 55.0),
+            run("none-b8", "none", 8, 80.0), run("none-after-b8", "none", 8, 72.0),
+            run("none-b16", "none", 16, 90.0)]                 # no second baseline: not a bracket
+    bracket = bracket_spread(runs)
+    assert bracket["settings"] == 2 and bracket["median"] == pytest.approx((0.1 + 80 / 72 - 1) / 2)
+    # No batch-1 pairs: the bracket alone makes the floor's line.
+    spread = same_work_spread(runs)
+    assert "median" not in spread and "two baselines" in same_work_line(spread)
+    assert bracket_spread(runs[:2]) is None

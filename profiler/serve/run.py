@@ -70,6 +70,8 @@ class ServeConfig(BaseModel):
     max_new_tokens: int = 64
     baseline: bool = False               # also run the server without speculation: speedup
     interleave: bool = False             # a server start per setting, the drafters of a setting back to back
+    bracket: bool = False                # the baseline runs before the speculative servers and again after
+    after: bool = False                  # this run is a bracket's second baseline (folder none-after-...)
     dtype: Literal["fp32", "bf16"] = "fp32"      # vllm: the weights' dtype (llama.cpp: the GGUF's own)
     threads: int = 2
     max_model_len: int = 2048
@@ -94,7 +96,9 @@ class ServeConfig(BaseModel):
 
     @property
     def drafter(self) -> str:
-        return "none" if self.method == "none" else f"{self.method}-k{self.k}"
+        if self.method == "none":
+            return "none-after" if self.after else "none"
+        return f"{self.method}-k{self.k}"
 
     def server_config(self, log: Path | None = None) -> EngineServerConfig:
         """The engine's server for this run's drafter."""
@@ -174,10 +178,17 @@ def settings_of(values: dict) -> list[ServeConfig]:
         raise InputError("--limit", f"give one value or one per load ({len(loads)}), not {len(limits)}")
     limits = limits * len(loads) if len(limits) == 1 else limits
     settings = [(c, kind, v, n) for c in contexts for (kind, v), n in zip(loads, limits)]
-    drafters = [("none", ks[0])] if values["method"] == "none" else [(values["method"], k) for k in ks]
+    if values.get("bracket") and (not values.get("baseline") or values["method"] == "none"):
+        raise InputError("--bracket", "brackets speculative runs with their baseline: give --baseline and a drafter")
+    drafters = [("none", ks[0], False)] if values["method"] == "none" else [(values["method"], k, False) for k in ks]
     several = len(settings) * len(drafters) > 1
-    if several and values.get("baseline") and values["method"] != "none":
-        drafters.append(("none", ks[0]))      # the baseline's runs are folders of their own
+    if values.get("bracket"):
+        # The baseline first and last, so a speedup is over the mean of two baselines around it:
+        # the machine's drift over the setting's minutes cancels to first order.
+        drafters = [("none", ks[0], False)] + drafters + [("none", ks[0], True)]
+        several = True
+    elif several and values.get("baseline") and values["method"] != "none":
+        drafters.append(("none", ks[0], False))      # the baseline's runs are folders of their own
     if several and limits[0] is None:
         raise InputError("--limit", "several runs need --limit: the prompts each run takes")
     if several and Path(out).exists():
@@ -186,10 +197,11 @@ def settings_of(values: dict) -> list[ServeConfig]:
         batches = [v for kind, v in loads if kind == "batch"]
         values["parallel"] = max(batches + ([POISSON_SLOTS] if len(batches) < len(loads) else []))
     configs = []
-    for method, k in drafters:
+    for method, k, after in drafters:
         for context, kind, value, limit in settings:
             load = {"batch": value, "rate": None} if kind == "batch" else {"batch": None, "rate": value}
-            config = ServeConfig(**{**values, "method": method}, k=k, **load, context=context, limit=limit, out=out)
+            config = ServeConfig(**{**values, "method": method}, k=k, after=after, **load, context=context, limit=limit,
+                                 out=out)
             name = f"{config.drafter}-" + (f"c{context}-" if context is not None else "") + \
                 (f"b{value}" if kind == "batch" else f"r{value:g}")
             configs.append(config.model_copy(update={"out": Path(out) / name}) if several else config)
@@ -255,14 +267,14 @@ def serve_settings(configs: list[ServeConfig]) -> list[dict]:
                 continue
             config = by_drafter[d][i]
             records, wall_s, counters, log_text = results[d][i]
-            baseline = results["none"][i] if "none" in results and d != "none" else None
-            summary = summarize(config, records, wall_s, counters, baseline)
+            baselines = [results[b][i] for b in ("none", "none-after") if b in results] if config.method != "none" else []
+            summary = summarize(config, records, wall_s, counters, baselines)
             rows = prompt_sets[i][1]
             requests = pd.DataFrame([request_row(r, rows[r.request]) for r in records])
             outputs = [{"request": r.request, "text": r.text, "tokens": r.tokens} for r in records]
             logs = {"server.log": repo_relative_text(log_text)}
             if baseline_only:
-                logs["server-baseline.log"] = repo_relative_text(baseline[3])
+                logs["server-baseline.log"] = repo_relative_text(baselines[0][3])
             write_run_folder(config.out, pd.DataFrame(columns=["run", "request", "step"]), requests, summary, outputs,
                              {**meta, "arguments": config.recorded()}, extra_files=logs)
             print(json.dumps({"out": repo_relative(config.out),
@@ -430,7 +442,10 @@ def latency_p50_ms(records: list[RequestRecord]) -> dict:
             "tpot_p50_ms": 1e3 * float(np.median(tpot)) if tpot else None}
 
 
-def summarize(config: ServeConfig, records, wall_s: float, counters: SpecCounters, baseline) -> dict:
+def summarize(config: ServeConfig, records, wall_s: float, counters: SpecCounters, baselines: list) -> dict:
+    """The run's summary.json. A speculative run's speedup is over its baselines' mean throughput
+    (one, or with --bracket the one before and the one after); latencies and agreement against the
+    first."""
     spec = counters.summary() if config.method != "none" else None
     summary = {"engine": config.engine, "method": config.method, "k": config.k if spec else None,
                "tree": None, "batch": config.batch, "rate_qps": config.rate, "requests": len(records),
@@ -441,9 +456,12 @@ def summarize(config: ServeConfig, records, wall_s: float, counters: SpecCounter
         summary["tokens_per_step"] = tokens / steps
         spec["drafted_step_share"] = counters.drafts / steps
         summary["spec_decode"] = spec
-    if baseline is not None:
-        base_records, base_wall_s = baseline[:2]
-        summary["baseline_throughput_tok_s"] = throughput_tok_s(base_records, base_wall_s)
+    if baselines:
+        base_records = baselines[0][0]
+        passes = [throughput_tok_s(b[0], b[1]) for b in baselines]
+        summary["baseline_throughput_tok_s"] = float(np.mean(passes))
+        if len(passes) > 1:
+            summary["baseline_passes_tok_s"] = passes
         summary["speedup"] = summary["throughput_tok_s"] / summary["baseline_throughput_tok_s"]
         summary.update({f"baseline_{k}": v for k, v in latency_p50_ms(base_records).items()})
         same = [a.tokens == b.tokens for a, b in zip(records, base_records)]

@@ -247,16 +247,42 @@ def same_work_spread(runs: list[ServerRun]) -> dict | None:
             prefill_s.setdefault(len(ttft), []).append(float(ttft.sum()))
         for totals in prefill_s.values():        # only runs of the same prompts are compared
             spreads += [max(a, b) / min(a, b) - 1 for i, a in enumerate(totals) for b in totals[i + 1:]]
+    out = {}
+    if spreads:
+        out = {"median": float(np.median(spreads)), "p90": float(np.percentile(spreads, 90)), "pairs": len(spreads)}
+    bracket = bracket_spread(runs)
+    if bracket is not None:
+        out["bracket"] = bracket
+    return out or None
+
+
+def bracket_spread(runs: list[ServerRun]) -> dict | None:
+    """How far apart a setting's two baselines are (`serve-live --bracket`: the same server, prompts
+    and load before and after the speculative servers): the slower's throughput over the faster's,
+    less 1, median and P90 over the settings, at every load. A measured speedup's denominator is
+    their mean; None without bracketed settings."""
+    baselines: dict[tuple, list[float]] = {}
+    for run in runs:
+        if not run.speculative:
+            baselines.setdefault(run.setting, []).append(float(run.summary["throughput_tok_s"]))
+    spreads = [max(pair) / min(pair) - 1 for pair in baselines.values() if len(pair) == 2]
     if not spreads:
         return None
-    return {"median": float(np.median(spreads)), "p90": float(np.percentile(spreads, 90)), "pairs": len(spreads)}
+    return {"median": float(np.median(spreads)), "p90": float(np.percentile(spreads, 90)), "settings": len(spreads)}
 
 
 def same_work_line(spread: dict | None) -> str:
     if spread is None:
         return ""
-    return (f"The same work on two servers of a setting (batch 1: the same prompts' time to first token, summed): "
-            f"{spread['median']:.1%} apart median (P90 {spread['p90']:.1%}; {spread['pairs']} pairs of servers).")
+    parts = []
+    if "median" in spread:
+        parts.append(f"The same work on two servers of a setting (batch 1: the same prompts' time to first token, "
+                     f"summed): {spread['median']:.1%} apart median (P90 {spread['p90']:.1%}; {spread['pairs']} pairs "
+                     f"of servers).")
+    if (bracket := spread.get("bracket")) is not None:
+        parts.append(f"A setting's two baselines, before and after its speculative servers: throughput "
+                     f"{bracket['median']:.1%} apart median (P90 {bracket['p90']:.1%}; {bracket['settings']} settings).")
+    return " ".join(parts)
 
 
 def format_server_comparisons(rows: list[ServerComparison], spread: dict | None = None) -> str:

@@ -527,9 +527,10 @@ def test_bracket_spread_compares_a_settings_two_baselines_at_every_load():
         requests = pd.DataFrame({"request": [0, 1], "ttft_s": [1.0, 1.0]})
         return ServerRun(Path(name), {"arguments": args}, {"method": method, "throughput_tok_s": tok_s}, requests)
 
-    runs = [run("none-b4", "none", 4, 50.0), run("ngram-k2-b4", "ngram", 4, 60.0), run("none-after-b4", "none", 4, 55.0),
-            run("none-b8", "none", 8, 80.0), run("none-after-b8", "none", 8, 72.0),
-            run("none-b16", "none", 16, 90.0)]                 # no second baseline: not a bracket
+    runs = [run("none-b4", "none", 4, 50.0), run("ngram-k2-b4", "ngram", 4, 60.0), run("none-after-b4", "none", 4, 55.0, after=True),
+            run("none-b8", "none", 8, 80.0), run("none-after-b8", "none", 8, 72.0, after=True),
+            run("none-b16", "none", 16, 90.0),                 # no second baseline: not a bracket
+            run("none-b2", "none", 2, 30.0), run("none-b2-rerun", "none", 2, 20.0)]   # two studies, no bracket
     bracket = bracket_spread(runs)
     assert bracket["settings"] == 2 and bracket["median"] == pytest.approx((0.1 + 80 / 72 - 1) / 2)
     # No batch-1 pairs: the bracket alone makes the floor's line.

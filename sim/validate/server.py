@@ -261,11 +261,14 @@ def bracket_spread(runs: list[ServerRun]) -> dict | None:
     and load before and after the speculative servers): the slower's throughput over the faster's,
     less 1, median and P90 over the settings, at every load. A measured speedup's denominator is
     their mean; None without bracketed settings."""
-    baselines: dict[tuple, list[float]] = {}
+    baselines: dict[tuple, dict[bool, list[float]]] = {}
     for run in runs:
         if not run.speculative:
-            baselines.setdefault(run.setting, []).append(float(run.summary["throughput_tok_s"]))
-    spreads = [max(pair) / min(pair) - 1 for pair in baselines.values() if len(pair) == 2]
+            passes = baselines.setdefault(run.setting, {False: [], True: []})
+            passes[bool(run.args.get("after"))].append(float(run.summary["throughput_tok_s"]))
+    # Only a bracket's own pair: one pass before and one after (not two studies of one setting).
+    spreads = [max(p[False][0], p[True][0]) / min(p[False][0], p[True][0]) - 1
+               for p in baselines.values() if len(p[False]) == 1 and len(p[True]) == 1]
     if not spreads:
         return None
     return {"median": float(np.median(spreads)), "p90": float(np.percentile(spreads, 90)), "settings": len(spreads)}

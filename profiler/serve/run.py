@@ -180,15 +180,16 @@ def settings_of(values: dict) -> list[ServeConfig]:
     settings = [(c, kind, v, n) for c in contexts for (kind, v), n in zip(loads, limits)]
     if values.get("bracket") and (not values.get("baseline") or values["method"] == "none"):
         raise InputError("--bracket", "brackets speculative runs with their baseline: give --baseline and a drafter")
-    drafters = [("none", ks[0], False)] if values["method"] == "none" else [(values["method"], k, False) for k in ks]
+    baseline = ("none", ks[0], False)            # (method, k, a bracket's second pass)
+    drafters = [baseline] if values["method"] == "none" else [(values["method"], k, False) for k in ks]
     several = len(settings) * len(drafters) > 1
     if values.get("bracket"):
         # The baseline first and last, so a speedup is over the mean of two baselines around it:
         # the machine's drift over the setting's minutes cancels to first order.
-        drafters = [("none", ks[0], False)] + drafters + [("none", ks[0], True)]
+        drafters = [baseline] + drafters + [("none", ks[0], True)]
         several = True
     elif several and values.get("baseline") and values["method"] != "none":
-        drafters.append(("none", ks[0], False))      # the baseline's runs are folders of their own
+        drafters.append(baseline)      # the baseline's runs are folders of their own
     if several and limits[0] is None:
         raise InputError("--limit", "several runs need --limit: the prompts each run takes")
     if several and Path(out).exists():

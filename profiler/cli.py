@@ -174,6 +174,10 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8391, help="--engine vllm | llama.cpp: the server's port on 127.0.0.1")
     parser.add_argument("--head", type=Path, default=None,
                         help="--engine vllm: an EAGLE-1 checkpoint folder (export-hf --head); its drafting is timed too")
+    parser.add_argument("--pool", type=Path, nargs="+", default=None, metavar="BUNDLE",
+                        help="pool these bundles of one engine's server (--engine vllm | llama.cpp) into --out: "
+                             "their measured points averaged, the tables derived again (profiler/serve/pool.py); "
+                             "nothing is timed")
 
 
 def add_inspect_arguments(parser: argparse.ArgumentParser) -> None:
@@ -350,6 +354,13 @@ def dispatch(args: argparse.Namespace) -> int:
                                          context=args.context, text=args.text, limit=args.limit,
                                          max_new_tokens=args.max_new_tokens, threads=args.threads, seed=args.seed,
                                          out=args.out))
+    elif args.command == "calibrate" and args.pool:
+        from profiler.serve.pool import pool_bundles
+        from sim.errors import InputError
+
+        if args.out is None:
+            raise InputError("--out", "give the pooled bundle's folder")
+        pool_bundles(args.pool, args.out)
     elif args.command == "calibrate" and args.engine in ("vllm", "llama.cpp"):
         from profiler.serve.calibrate import ServerCalibrateConfig, calibrate_server
 

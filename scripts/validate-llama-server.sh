@@ -11,19 +11,25 @@
 #
 # TEXT: the plain text the prompts are cut from (../shared/data/pride_and_prejudice.txt);
 # OUT: default validation/llama-cpp-cpu; BUNDLE: an existing `calibrate --engine llama.cpp` bundle
-# (default calibration/cpu-llama-cpp/smollm2-135m, calibrated first if missing).
+# (default calibration/cpu-llama-cpp/smollm2-135m). A missing BUNDLE brackets the study as the
+# baselines bracket its speculative runs: BUNDLE-before is calibrated before the runs and
+# BUNDLE-after after them (about 30 minutes each), and BUNDLE is the two pooled (`calibrate --pool`).
 # Needs .llama-server (scripts/build-llama-server.sh). The servers start afresh for every setting,
-# its four drafters back to back (--interleave), so each speedup is measured minutes, not tens of
-# minutes, from its baseline. About 40 minutes on a 2-core CPU.
+# its drafters back to back (--interleave) between a baseline before and one after (--bracket), so
+# each speedup is over the mean of two baselines minutes from it. About 55 minutes on a 2-core CPU
+# (two hours with the bundles); run nothing else on the machine meanwhile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 text=${1:?usage: scripts/validate-llama-server.sh TEXT [OUT] [BUNDLE]}
 out=${2:-validation/llama-cpp-cpu}
 bundle=${3:-calibration/cpu-llama-cpp/smollm2-135m}
+bracket_bundle=
 if [ ! -f "$bundle/meta.json" ]; then
-    python -m profiler calibrate --engine llama.cpp --model smollm2 --out "$bundle"
+    bracket_bundle=1
+    rm -rf "$bundle-before" "$bundle-after"
+    python -m profiler calibrate --engine llama.cpp --model smollm2 --out "$bundle-before"
 fi
-common=(--engine llama.cpp --model smollm2 --method ngram --k 2 4 6 --baseline --interleave --parallel 16
+common=(--engine llama.cpp --model smollm2 --method ngram --k 2 4 6 --baseline --interleave --bracket --parallel 16
         --text "$text" --max-new-tokens 64 --max-model-len 4096)
 rm -rf "$out/c512" "$out/c2048" "$out/poisson"
 python -m profiler serve-live "${common[@]}" --context 512 --batch 1 2 4 8 16 --limit 4 4 8 16 24 \
@@ -31,5 +37,9 @@ python -m profiler serve-live "${common[@]}" --context 512 --batch 1 2 4 8 16 --
 python -m profiler serve-live "${common[@]}" --context 2048 --batch 1 2 4 8 16 --limit 2 2 4 8 16 \
     --out "$out/c2048" >/dev/null
 python -m profiler serve-live "${common[@]}" --context 512 --rate 0.15 0.3 --limit 12 --out "$out/poisson" >/dev/null
+if [ -n "$bracket_bundle" ]; then
+    python -m profiler calibrate --engine llama.cpp --model smollm2 --out "$bundle-after"
+    python -m profiler calibrate --pool "$bundle-before" "$bundle-after" --out "$bundle"
+fi
 python -m sim validate "$out"/c512/ "$out"/c2048/ "$out"/poisson/ --calibration "$bundle" --out "$out" \
     --docs docs/validation-servers.md

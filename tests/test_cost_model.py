@@ -122,20 +122,24 @@ def test_full_verify_group_pays_for_refed_tokens(tiny_config):
     assert refeed > plain
 
 
-def test_a_black_box_step_of_several_groups_pays_the_step_fixed_cost_once():
-    """vLLM's bundle times whole server steps: a step that prefills one request and decodes others
-    is one forward, so it pays the cheapest measured step (the fixed cost) once, not twice."""
+def black_box_cost(bundle: str, engine: str, dtype: str):
+    """A one-request scenario priced by a committed black-box bundle: its cost model, the bundle, the target."""
     from conftest import REPO
     from sim.cost.calibrated import CalibratedCostModel
     from sim.formats.bundle import load_bundle
 
-    path = REPO / "calibration" / "cpu-vllm" / "smollm2-135m"
-    scenario = load_scenario({"hardware": "cpu", "model": "smollm2-135m", "dtype": "fp32", "engine": "vllm",
+    path = REPO / "calibration" / bundle
+    scenario = load_scenario({"hardware": "cpu", "model": "smollm2-135m", "dtype": dtype, "engine": engine,
                               "calibration": str(path), "workload": {"concurrency": 1, "requests": 1,
                                                                      "prompt_tokens": 8, "output_tokens": 8}})
     bundle = load_bundle(path)
-    cost = CalibratedCostModel(scenario, bundle)
-    target = build_stacks(scenario).target
+    return CalibratedCostModel(scenario, bundle), bundle, build_stacks(scenario).target
+
+
+def test_a_black_box_step_of_several_groups_pays_the_step_fixed_cost_once():
+    """vLLM's bundle times whole server steps: a step that prefills one request and decodes others
+    is one forward, so it pays the cheapest measured step (the fixed cost) once, not twice."""
+    cost, bundle, target = black_box_cost("cpu-vllm/smollm2-135m", "vllm", "fp32")
     forward, prefill = bundle.table("engine_forward"), bundle.table("engine_prefill")
     decode = uniform_group(DECODE, 4, 3, 4 * 544)
     prompt = Group(PREFILL, 1, 256, 256, 256, 1, [256], [256])
@@ -150,6 +154,19 @@ def test_a_black_box_step_of_several_groups_pays_the_step_fixed_cost_once():
     assert sum(parts) == pytest.approx(both)          # the shares split the step's time
     # The drafter's work is inside the measured steps: no separate n-gram time.
     assert cost.host_draft(4, shares(), 600.0) == 0.0
+
+
+def test_a_black_box_of_quantized_weights_prices_the_target_from_its_steps():
+    """llama.cpp's bundle times its server on the Q4_1 GGUF (dtype int4): the target is priced by
+    the engine's measured steps, as an fp32 vLLM's is, never by the roofline model."""
+    cost, bundle, target = black_box_cost("cpu-llama-cpp/smollm2-135m", "llama.cpp", "int4")
+    decode = cost.forward_uniform(target, DECODE, 2, 1, 2 * 560, shares())
+    verify = cost.forward(target, [uniform_group(VERIFY, 1, 3, 560)], shares())
+    prompt = cost.forward(target, [Group(PREFILL, 1, 1024, 1024, 1024, 1, [1024], [1024])], shares())
+    assert decode == pytest.approx(bundle.table("engine_forward")(2, 1, 560))
+    assert verify == pytest.approx(bundle.table("engine_forward")(1, 3, 560))
+    assert prompt == pytest.approx(bundle.table("engine_prefill")(1, 1024))
+    assert cost.warnings == []
 
 
 EAGLE_BUNDLE = "calibration/cpu-vllm/smollm2-135m-eagle1"

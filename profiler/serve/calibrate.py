@@ -207,16 +207,50 @@ def server_for(config: ServerCalibrateConfig, k: int, max_model_len: int, slots:
                                        seed=config.seed, speculative=llama_cpp.ngram_simple(k) if k else None)
 
 
+def server_tables(steps: list[StepPoint], prefill: dict[str, dict[int, float]], batches: list[int],
+                  prompt_axis: list[int], ks: list[int], prefill_axis: list[int], rounds: int):
+    """The bundle's profile (one row a grid point) and grid from the measured decode points and
+    prefill times: engine_forward on the grid's query axis (on_query_axis), engine_prefill, and
+    with EAGLE points engine_draft and engine_draft_prefill."""
+    import pandas as pd
+
+    from sim.formats.bundle import COLUMNS
+
+    query_axis = [1, *[k + 1 for k in ks]]
+    kv_axis = [p + NEW_TOKENS // 2 for p in prompt_axis]
+    rows = []
+    for b in batches:
+        for p, kv in zip(prompt_axis, kv_axis):
+            mine = [s for s in steps if s.batch == b and s.prompt_tokens == p and s.method != "eagle"]
+            for q, seconds in zip(query_axis, on_query_axis(mine, query_axis)):
+                rows.append({"op": "engine_forward", "batch": b, "query": q, "kv": kv, "seconds": seconds})
+            eagle = [s for s in steps if s.batch == b and s.prompt_tokens == p and s.method == "eagle"]
+            if eagle:
+                forward_s = head_forward_s(eagle, mine)
+                rows += [{"op": "engine_draft", "batch": b, "query": e.k + 1, "kv": kv, "seconds": e.k * forward_s}
+                         for e in eagle]
+    rows += [{"op": "engine_prefill", "batch": 1, "tokens": t, "seconds": s} for t, s in prefill["none"].items()]
+    rows += [{"op": "engine_draft_prefill", "batch": 1, "tokens": t, "seconds": max(s - prefill["none"][t], 1e-6)}
+             for t, s in prefill.get("eagle", {}).items()]
+    frame = pd.DataFrame([{**{c: np.nan for c in COLUMNS}, "spread": np.nan, "runs": rounds, "held_out": False, **r}
+                          for r in rows])[list(COLUMNS)]
+    grid = {"engine_forward": {"batch": batches, "query": query_axis, "kv": kv_axis},
+            "engine_prefill": {"batch": [1], "tokens": prefill_axis}}
+    if prefill.get("eagle"):
+        grid |= {"engine_draft": {"batch": batches, "query": query_axis[1:], "kv": kv_axis},
+                 "engine_draft_prefill": {"batch": [1], "tokens": prefill_axis}}
+    return frame, grid
+
+
 def calibrate_server(config: ServerCalibrateConfig) -> Path:
     """Start one server per speculative setting (none, n-gram k for each k), time its decode points
     (and, on the first, the prefill points), and write the bundle."""
-    import pandas as pd
     from tqdm import tqdm
 
     from profiler.calibrate.run import bundle_meta
     from profiler.device import cpu_model
     from profiler.serve.run import stopped_by_sigterm, read_engine_model
-    from sim.formats.bundle import COLUMNS, write_bundle
+    from sim.formats.bundle import write_bundle
     from sim.formats.provenance import repo_relative
     from sim.scenario.presets.models import preset_with_shape
     from sim.formats.names import scenario_dtype
@@ -270,29 +304,7 @@ def calibrate_server(config: ServerCalibrateConfig) -> Path:
                         bar.update()
                 steps += [pooled(measured) for measured in by_point.values()]
 
-    query_axis = [1, *[k + 1 for k in ks]]
-    kv_axis = [p + NEW_TOKENS // 2 for p in prompt_axis]
-    rows = []
-    for b in batches:
-        for p, kv in zip(prompt_axis, kv_axis):
-            mine = [s for s in steps if s.batch == b and s.prompt_tokens == p and s.method != "eagle"]
-            for q, seconds in zip(query_axis, on_query_axis(mine, query_axis)):
-                rows.append({"op": "engine_forward", "batch": b, "query": q, "kv": kv, "seconds": seconds})
-            eagle = [s for s in steps if s.batch == b and s.prompt_tokens == p and s.method == "eagle"]
-            if eagle:
-                forward_s = head_forward_s(eagle, mine)
-                rows += [{"op": "engine_draft", "batch": b, "query": e.k + 1, "kv": kv, "seconds": e.k * forward_s}
-                         for e in eagle]
-    rows += [{"op": "engine_prefill", "batch": 1, "tokens": t, "seconds": s} for t, s in prefill["none"].items()]
-    rows += [{"op": "engine_draft_prefill", "batch": 1, "tokens": t, "seconds": max(s - prefill["none"][t], 1e-6)}
-             for t, s in prefill["eagle"].items()]
-    frame = pd.DataFrame([{**{c: np.nan for c in COLUMNS}, "spread": np.nan, "runs": rounds, "held_out": False, **r}
-                          for r in rows])[list(COLUMNS)]
-    grid = {"engine_forward": {"batch": batches, "query": query_axis, "kv": kv_axis},
-            "engine_prefill": {"batch": [1], "tokens": prefill_axis}}
-    if config.head is not None:
-        grid |= {"engine_draft": {"batch": batches, "query": query_axis[1:], "kv": kv_axis},
-                 "engine_draft_prefill": {"batch": [1], "tokens": prefill_axis}}
+    frame, grid = server_tables(steps, prefill, batches, prompt_axis, ks, prefill_axis, rounds)
     model_name = preset_with_shape(shape.__dict__) or repo_relative(config.model)
     meta = bundle_meta(shape, model_name, bundle_dtype, "cpu", cpu_model(), grid, rounds, config.quick, config.seed)
     meta["engine"] = config.engine

@@ -201,14 +201,11 @@ class CalibratedCostModel(RooflineCostModel):
         m = self.model
         same_shape = (stack.hidden, stack.heads, stack.kv_heads, stack.head_dim, stack.ffn) == \
             (m.hidden, m.heads, m.kv_heads, m.head_dim, m.ffn) and stack.experts is None and stack.latent is None
-        prefix = "linear"
-        if stack.weight_bytes != self.act_bytes:
-            prefix = f"int{self.shadow_bits}"
-            if stack.name != "shadow" or stack.weight_bytes != self.shadow_bytes:
-                same_shape = False
-        lm_head = stack.lm_head_vocab in (0, m.vocab)
         if self.bundle.table("engine_forward") is not None:
-            if same_shape and prefix == "linear" and stack.name == "target" and stack.layers == m.layers:
+            # A black box timed the engine's target in the bundle's dtype, which check_bundle has
+            # matched to the scenario's: its weights are whatever that engine serves (llama.cpp's
+            # Q4_1 GGUF: int4), not the operator tables' activation-width linears.
+            if same_shape and stack.name == "target" and stack.layers == m.layers:
                 return _BlackBox(self.bundle)
             spec = self.scenario.speculation
             if stack.name == "eagle" and self.bundle.table("engine_draft") is not None and spec.tree is None:
@@ -217,6 +214,12 @@ class CalibratedCostModel(RooflineCostModel):
                                  f"{self.bundle.meta.get('engine')} forwards of the target"
                                  f"{' and an EAGLE head, in chains' if self.bundle.table('engine_draft') else ''} only)")
             return None
+        prefix = "linear"
+        if stack.weight_bytes != self.act_bytes:
+            prefix = f"int{self.shadow_bits}"
+            if stack.name != "shadow" or stack.weight_bytes != self.shadow_bytes:
+                same_shape = False
+        lm_head = stack.lm_head_vocab in (0, m.vocab)
         needed = [f"{prefix}.{n}" for n, _, _ in stack.linears] if stack.layers else []
         needed += ["elementwise", "attention", "attention_prefill"] + (["lm_head"] if lm_head and stack.lm_head_vocab else [])
         missing = [n for n in needed if self.bundle.table(n) is None]

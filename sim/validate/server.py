@@ -108,6 +108,10 @@ def predict_server(run: ServerRun, calibration: Path, acceptance: dict | None, r
         scenario = server_scenario(run, calibration, Path(scratch), acceptance)
         for replication in range(replications):
             result = simulate({**scenario, "seed": scenario["seed"] + 7919 * replication})
+            unpriced = [w for w in result.provenance["warnings"] if w.startswith("stack target priced by the roofline")]
+            if unpriced:
+                # A server run is predicted from its engine's own measured steps or not at all.
+                raise InputError("--calibration", f"{calibration} does not price {run.name}: {unpriced[0]}")
             spec, base = result.run, result.baseline
             histogram = spec.tokens_per_step_histogram
             steps = sum(histogram.values())

@@ -21,8 +21,8 @@ import numpy as np
 
 from profiler.serve.calibrate import StepPoint, pooled, server_tables
 from sim.errors import InputError
-from sim.validate.runs import SERVER_ENGINES
 
+SERVER_ENGINES = ("vllm", "llama.cpp")
 # What must agree for two bundles' points to be the same measurement.
 SAME = (("engine", lambda m: m.get("engine")), ("engine version", lambda m: m["versions"].get(m.get("engine"))),
         ("model", lambda m: m["model"]["hash"]), ("dtype", lambda m: m["dtype"]), ("grid", lambda m: m["grid"]),

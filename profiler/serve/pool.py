@@ -22,6 +22,7 @@ import numpy as np
 from profiler.serve.calibrate import StepPoint, pooled, server_tables
 from sim.errors import InputError
 
+# sim.validate.runs names the same engines; profiler may not import sim.validate (.importlinter).
 SERVER_ENGINES = ("vllm", "llama.cpp")
 # What must agree for two bundles' points to be the same measurement.
 SAME = (("engine", lambda m: m.get("engine")), ("engine version", lambda m: m["versions"].get(m.get("engine"))),

@@ -11,9 +11,10 @@
 # TEXT: the plain text the prompts are cut from (../shared/data/pride_and_prejudice.txt);
 # OUT: default validation/vllm-eagle-cpu; BUNDLE: an existing `calibrate --engine vllm --head`
 # bundle (default: calibration/cpu-vllm/smollm2-135m-eagle1, calibrated first if missing: about
-# 30 minutes). Needs .vllm-venv and runs/smollm2-hf (scripts/setup-vllm-cpu.sh). The servers start
-# afresh for every setting, its two drafters back to back (--interleave): 24 server starts,
-# about 30 minutes on a 2-core CPU. Run nothing else on the machine meanwhile.
+# 65 minutes, so that the runs are priced by the hour they ran in). Needs .vllm-venv and
+# runs/smollm2-hf (scripts/setup-vllm-cpu.sh). The servers start afresh for every setting, without
+# speculation, with the head, and without again (--interleave --bracket): 36 server starts, about
+# 45 minutes on a 2-core CPU. Run nothing else on the machine meanwhile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 text=${1:?usage: scripts/validate-vllm-eagle.sh TEXT [OUT] [BUNDLE]}
@@ -28,7 +29,7 @@ if [ ! -f "$bundle/meta.json" ]; then
     python -m profiler calibrate --engine vllm --model "$model" --head "$head" --out "$bundle"
 fi
 # The prompts start past the text's first 12,288 tokens, whose excerpts the head was trained on.
-common=(--engine vllm --model "$model" --method eagle --head "$head" --k 4 --baseline --interleave
+common=(--engine vllm --model "$model" --method eagle --head "$head" --k 4 --baseline --interleave --bracket
         --text "$text" --text-start 12288 --max-new-tokens 64 --max-model-len 4096)
 rm -rf "$out/c512" "$out/c2048" "$out/poisson"
 python -m profiler serve-live "${common[@]}" --context 512 --batch 1 2 4 8 16 --limit 4 4 8 16 24 \

@@ -19,6 +19,10 @@ Nothing inside the engine is timed; what is timed is what a client sees, on the 
                   grid's query axis by a piecewise-linear line through the measured (query, time).
   engine_prefill  (batch 1, tokens): time to first token of a single fresh prompt (no prefix-cache
                   hit), one output token; more requests scale it linearly (the table's extrapolation).
+                  Every server without a head times the same prompts when it starts (a drafter
+                  does not change the prompt's forward), and each point is the median over all of
+                  them: the prefill is priced over the calibration's hour, as the decode points
+                  are, not by its first minutes.
 With `--head DIR` (vLLM: an EAGLE-1 checkpoint folder), one more server per k drafts with that head,
 on the same decode points and prefill points:
   engine_draft          (batch, query, kv): a step's drafting of k = query - 1 tokens (each step
@@ -27,8 +31,9 @@ on the same decode points and prefill points:
                         the head at the same (batch, kv) and measured query (an EAGLE head drafts k
                         tokens every step, so it verifies k + 1): the head's catch-up and its k
                         forwards, and whatever else EAGLE adds to a step;
-  engine_draft_prefill  (batch 1, tokens): the EAGLE server's time to first token less the plain
-                        server's, the same prompt lengths: the head's prefill (and its first drafts).
+  engine_draft_prefill  (batch 1, tokens): the EAGLE servers' time to first token (the median over
+                        all of them, as above) less the servers' without a head, the same prompts:
+                        the head's prefill (and its first drafts).
 The bundle has the operator bundle's format (`engine: vllm` or `llama.cpp`, the engine's version in
 `versions`); its fits say the steps already hold the host work (no step overhead, no separate n-gram
 time). Decode points reuse each server's prompts, so the prefix cache serves their prefill; every
@@ -55,6 +60,7 @@ PROMPT_TOKENS = [128, 512, 2048]
 SPEC_K = [2, 4, 6]
 PREFILL_TOKENS = [16, 64, 256, 1024, 2048]
 NEW_TOKENS = 96                   # each decode point's output per request
+PREFILL_REPEATS = 2               # fresh prompts a server times at each prefill point
 PHRASE_WORDS = ("time year people way day man thing woman life child world school state family student group "
                 "country problem hand part place case week company system program question work number night "
                 "point home water room mother area money story fact month book eye job word business side kind "
@@ -144,8 +150,8 @@ def measure_step(server: EngineServerConfig, url: str, prompts: list[list[int]],
     return StepPoint(batch, prompt_tokens, k, method, float(np.mean(gaps)), float(query), len(gaps))
 
 
-def measure_prefill(port: int, api: CompletionApi, tokens: int, seed: int, repeats: int) -> float:
-    """Median time to first token of single fresh prompts of `tokens` tokens."""
+def measure_prefill(port: int, api: CompletionApi, tokens: int, seed: int, repeats: int) -> list[float]:
+    """Times to first token of `repeats` single fresh prompts of `tokens` tokens."""
     times = []
     for r in range(repeats):
         record = RequestRecord(0, tokens)
@@ -154,7 +160,19 @@ def measure_prefill(port: int, api: CompletionApi, tokens: int, seed: int, repea
         if record.error or record.ttft_s is None:
             raise InputError("--model", f"a prefill request failed ({record.error or 'no output'})")
         times.append(record.ttft_s)
-    return float(np.median(times))
+    return times
+
+
+def prefill_drafter(method: str) -> str:
+    """Whose prefill a server times: an EAGLE head adds its own forward over the prompt; an n-gram
+    drafter adds nothing to it."""
+    return "eagle" if method == "eagle" else "none"
+
+
+def pooled_prefill(samples: dict[str, dict[int, list[float]]]) -> dict[str, dict[int, float]]:
+    """Each prefill point's median over every server's prompts, by drafter."""
+    return {drafter: {t: float(np.median(times)) for t, times in sorted(points.items())}
+            for drafter, points in samples.items()}
 
 
 def pooled(rounds: list[StepPoint]) -> StepPoint:
@@ -281,20 +299,20 @@ def calibrate_server(config: ServerCalibrateConfig) -> Path:
     rng = np.random.default_rng(config.seed)
     prompts = decode_prompts(tok, max(batches), prompt_axis[-1], config.seed)
     steps: list[StepPoint] = []
-    prefill: dict[str, dict[int, float]] = {"none": {}, "eagle": {}}
+    prefill_samples: dict[str, dict[int, list[float]]] = {}
     decode_points = [(b, p) for b in batches for p in prompt_axis]
-    total = len(servers) * rounds * len(decode_points) + len(prefill_axis) * (2 if config.head else 1)
+    total = len(servers) * (rounds * len(decode_points) + len(prefill_axis))
     with stopped_by_sigterm(), tqdm(total=total, desc=f"{config.engine} engine", unit="point") as bar:
         for method, k in servers:
             server_config = server_for(config, k, max_model_len, max(batches), method)
             with ServerProcess(server_config) as server:
                 measure_step(server_config, server.url, prompts, 1, 32, k, method)          # warm-up
-                if method in prefill and not prefill[method]:
-                    for i, tokens in enumerate(prefill_axis):
-                        # The same fresh prompts on both servers: the difference is the head's.
-                        prefill[method][tokens] = measure_prefill(config.port, server_config.api, tokens,
-                                                                  config.seed + 1000 * (i + 1), 3)
-                        bar.update()
+                samples = prefill_samples.setdefault(prefill_drafter(method), {})
+                for i, tokens in enumerate(prefill_axis):
+                    # The same fresh prompts on every server: the difference with a head is the head's.
+                    samples.setdefault(tokens, []).extend(measure_prefill(
+                        config.port, server_config.api, tokens, config.seed + 1000 * (i + 1), PREFILL_REPEATS))
+                    bar.update()
                 by_point: dict[tuple, list[StepPoint]] = {}
                 for _ in range(rounds):
                     for i in rng.permutation(len(decode_points)):
@@ -304,6 +322,7 @@ def calibrate_server(config: ServerCalibrateConfig) -> Path:
                         bar.update()
                 steps += [pooled(measured) for measured in by_point.values()]
 
+    prefill = pooled_prefill(prefill_samples)
     frame, grid = server_tables(steps, prefill, batches, prompt_axis, ks, prefill_axis, rounds)
     model_name = preset_with_shape(shape.__dict__) or repo_relative(config.model)
     meta = bundle_meta(shape, model_name, bundle_dtype, "cpu", cpu_model(), grid, rounds, config.quick, config.seed)
@@ -316,7 +335,9 @@ def calibrate_server(config: ServerCalibrateConfig) -> Path:
     if config.head is not None:
         meta["draft_head"] = repo_relative(config.head)
         meta["draft_estimator"] = "k x the least-squares slope over k of what the EAGLE steps add (head_forward_s)"
-        meta["measured_prefill"] = {method: {str(t): s for t, s in points.items()} for method, points in prefill.items()}
+    meta["measured_prefill"] = {method: {str(t): s for t, s in points.items()} for method, points in prefill.items()}
+    meta["prefill_estimator"] = (f"median time to first token over every server's {PREFILL_REPEATS} fresh prompts "
+                                 f"({sum(1 for m, _ in servers if prefill_drafter(m) == 'none')} servers without a head)")
     meta["step_estimator"] = "mean gap, pooled over rounds"
     meta.update(held_out={}, new_tokens=NEW_TOKENS, max_model_len=max_model_len,
                 duration_s=round(time.perf_counter() - started, 1))

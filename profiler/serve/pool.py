@@ -7,7 +7,7 @@ the study at its middle; bundles of several machines of one kind, pooled, price 
 pooled is what was measured, never a table derived from it:
   decode points  (batch, prompt tokens, k, drafter): each bundle's mean gap, weighted by its gaps
                  (`pooled`, as the passes inside one calibration are), and so the mean query;
-  prefill points the mean of the bundles' times to first token (each a median of three prompts);
+  prefill points the mean of the bundles' times to first token (each a median over its prompts);
 and from those the tables are derived again as `calibrate --engine` derives them
 (`server_tables`). The bundles must be of one engine and version, model, dtype, grid and device
 kind, with the same server settings; anything else is one line naming what differs.

@@ -169,6 +169,15 @@ def test_calibration_steps_are_the_gaps_while_all_requests_decode_and_lie_on_the
     # A point's rounds pooled: the mean over all their gaps, not the faster round's.
     both = pooled([StepPoint(4, 512, 2, "ngram", 0.030, 3.0, 30), StepPoint(4, 512, 2, "ngram", 0.040, 2.8, 10)])
     assert (both.step_s, both.query, both.gaps) == pytest.approx((0.0325, 2.95, 40))
+    # Prefill points: every server times them; the n-gram servers' prompts join the plain server's
+    # (a drafter adds nothing to a prompt's forward), an EAGLE server's are the head's own, and
+    # each point is the median over all the prompts timed.
+    from profiler.serve.calibrate import pooled_prefill, prefill_drafter
+
+    samples: dict = {}
+    for method, times in [("none", [1.0, 1.2]), ("ngram", [0.8, 0.9]), ("ngram", [1.1, 1.3]), ("eagle", [1.5, 1.4])]:
+        samples.setdefault(prefill_drafter(method), {}).setdefault(2048, []).extend(times)
+    assert pooled_prefill(samples) == {"none": {2048: pytest.approx(1.05)}, "eagle": {2048: pytest.approx(1.45)}}
     # Decode prompts: a phrase of its own repeated per request (every n-gram lookup matches).
     from profiler.engine.loaders import _hf_tokenizer
 

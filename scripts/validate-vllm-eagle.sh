@@ -11,10 +11,10 @@
 # TEXT: the plain text the prompts are cut from (../shared/data/pride_and_prejudice.txt);
 # OUT: default validation/vllm-eagle-cpu; BUNDLE: an existing `calibrate --engine vllm --head`
 # bundle (default: calibration/cpu-vllm/smollm2-135m-eagle1, calibrated first if missing: about
-# 65 minutes, so that the runs are priced by the hour they ran in). Needs .vllm-venv and
+# an hour, so that the runs are priced by the hour they ran in). Needs .vllm-venv and
 # runs/smollm2-hf (scripts/setup-vllm-cpu.sh). The servers start afresh for every setting, without
 # speculation, with the head, and without again (--interleave --bracket): 36 server starts, about
-# 45 minutes on a 2-core CPU. Run nothing else on the machine meanwhile.
+# 40 minutes on a 2-core CPU. Run nothing else on the machine meanwhile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 text=${1:?usage: scripts/validate-vllm-eagle.sh TEXT [OUT] [BUNDLE]}

@@ -98,6 +98,7 @@ def pool_bundles(paths: list[Path], out: Path) -> Path:
         meta["measured_prefill"] = {m: {str(t): s for t, s in points.items()} for m, points in prefill.items()}
     meta["rounds"] = rounds
     meta["step_estimator"] = "mean gap, pooled over rounds and over the pooled bundles"
+    meta["prefill_estimator"] = "the mean over the pooled bundles of each one's time to first token"
     meta["pooled_from"] = [{"bundle": repo_relative(p), "date": m["date"], "duration_s": m.get("duration_s"),
                             "git_revision": m.get("git_revision")} for p, (m, _, _) in zip(paths, read)]
     meta["duration_s"] = round(sum(float(m.get("duration_s") or 0.0) for m, _, _ in read), 1)

@@ -155,8 +155,8 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, help="bundle folder (default calibration/<cpu|gpu name>/<model>)")
     parser.add_argument("--rounds", type=int,
                         help="timing rounds per point, the median kept (default 3, and up to 5 while another fits the "
-                             "time limit; quick 1); with --engine vllm or llama.cpp, passes over the decode points "
-                             "whose gaps are pooled (default 2; quick 1)")
+                             "time limit; quick 1); with --engine vllm or llama.cpp, passes that each start every "
+                             "server once, in turn in order and reversed, their gaps pooled (default 2; quick 1)")
     parser.add_argument("--operators", help="comma-separated subset of operators (default all)")
     parser.add_argument("--refit", type=Path, metavar="BUNDLE",
                         help="keep BUNDLE's operator times and redo only the engine fits (after an engine change)")

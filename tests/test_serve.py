@@ -178,6 +178,15 @@ def test_calibration_steps_are_the_gaps_while_all_requests_decode_and_lie_on_the
     for method, times in [("none", [1.0, 1.2]), ("ngram", [0.8, 0.9]), ("ngram", [1.1, 1.3]), ("eagle", [1.5, 1.4])]:
         samples.setdefault(prefill_drafter(method), {}).setdefault(2048, []).extend(times)
     assert pooled_prefill(samples) == {"none": {2048: pytest.approx(1.05)}, "eagle": {2048: pytest.approx(1.45)}}
+    # Server order: every pass starts every server once, in turn forward and reversed, so that a
+    # drift over the hour prices no drafter by its start alone; two prompts a server over the passes.
+    from profiler.serve.calibrate import prefill_prompts_per_start, server_passes
+
+    servers = [("none", 0), ("ngram", 2), ("eagle", 2)]
+    passes = server_passes(servers, 3)
+    assert passes == [servers, servers[::-1], servers] and all(sorted(p) == sorted(servers) for p in passes)
+    assert sum(i for p in server_passes(servers, 2) for i, s in enumerate(p) if s == ("none", 0)) == len(servers) - 1
+    assert [prefill_prompts_per_start(r) for r in (1, 2, 3)] == [2, 1, 1]
     # Decode prompts: a phrase of its own repeated per request (every n-gram lookup matches).
     from profiler.engine.loaders import _hf_tokenizer
 

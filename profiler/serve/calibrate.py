@@ -60,7 +60,7 @@ PROMPT_TOKENS = [128, 512, 2048]
 SPEC_K = [2, 4, 6]
 PREFILL_TOKENS = [16, 64, 256, 1024, 2048]
 NEW_TOKENS = 96                   # each decode point's output per request
-PREFILL_REPEATS = 2               # fresh prompts a server times at each prefill point
+PREFILL_REPEATS = 2               # fresh prompts a server times at each prefill point, over its passes
 PHRASE_WORDS = ("time year people way day man thing woman life child world school state family student group "
                 "country problem hand part place case week company system program question work number night "
                 "point home water room mother area money story fact month book eye job word business side kind "
@@ -78,7 +78,7 @@ class ServerCalibrateConfig:
     threads: int = 2
     port: int = 8391
     quick: bool = False
-    rounds: int | None = None        # passes over the decode points per server, their gaps pooled
+    rounds: int | None = None        # passes, each starting every server once; their gaps pooled
     head: Path | None = None         # vllm: an EAGLE-1 checkpoint folder, its drafting timed too
     seed: int = 0
     out: Path | None = None
@@ -161,6 +161,21 @@ def measure_prefill(port: int, api: CompletionApi, tokens: int, seed: int, repea
             raise InputError("--model", f"a prefill request failed ({record.error or 'no output'})")
         times.append(record.ttft_s)
     return times
+
+
+def server_passes(servers: list[tuple[str, int]], rounds: int) -> list[list[tuple[str, int]]]:
+    """The servers each pass starts, every one once, in turn in their order and reversed: a
+    calibration takes an hour on a CPU whose speed drifts by tens of percent over minutes, and in a
+    fixed order the first server would price the plain engine by the hour's start and the last the
+    drafters by its end. Balanced, each server's passes average to the middle of the hour (exactly
+    for a linear drift over an even number of passes)."""
+    return [list(servers) if r % 2 == 0 else list(reversed(servers)) for r in range(rounds)]
+
+
+def prefill_prompts_per_start(rounds: int) -> int:
+    """Fresh prompts a server times at each prefill point when it starts: PREFILL_REPEATS a server
+    over its passes, at least one a start."""
+    return max(1, -(-PREFILL_REPEATS // rounds))
 
 
 def prefill_drafter(method: str) -> str:
@@ -261,8 +276,9 @@ def server_tables(steps: list[StepPoint], prefill: dict[str, dict[int, float]], 
 
 
 def calibrate_server(config: ServerCalibrateConfig) -> Path:
-    """Start one server per speculative setting (none, n-gram k for each k), time its decode points
-    (and, on the first, the prefill points), and write the bundle."""
+    """Start one server per speculative setting (none, n-gram k for each k, EAGLE k with a head) in
+    every pass, in counterbalanced order (server_passes), time its prefill and decode points, pool
+    each point over the passes, and write the bundle."""
     from tqdm import tqdm
 
     from profiler.calibrate.run import bundle_meta
@@ -298,29 +314,31 @@ def calibrate_server(config: ServerCalibrateConfig) -> Path:
     started = time.perf_counter()
     rng = np.random.default_rng(config.seed)
     prompts = decode_prompts(tok, max(batches), prompt_axis[-1], config.seed)
-    steps: list[StepPoint] = []
     prefill_samples: dict[str, dict[int, list[float]]] = {}
     decode_points = [(b, p) for b in batches for p in prompt_axis]
-    total = len(servers) * (rounds * len(decode_points) + len(prefill_axis))
+    per_start = prefill_prompts_per_start(rounds)
+    total = rounds * len(servers) * (len(decode_points) + len(prefill_axis))
+    by_point: dict[tuple, list[StepPoint]] = {}
     with stopped_by_sigterm(), tqdm(total=total, desc=f"{config.engine} engine", unit="point") as bar:
-        for method, k in servers:
-            server_config = server_for(config, k, max_model_len, max(batches), method)
-            with ServerProcess(server_config) as server:
-                measure_step(server_config, server.url, prompts, 1, 32, k, method)          # warm-up
-                samples = prefill_samples.setdefault(prefill_drafter(method), {})
-                for i, tokens in enumerate(prefill_axis):
-                    # The same fresh prompts on every server: the difference with a head is the head's.
-                    samples.setdefault(tokens, []).extend(measure_prefill(
-                        config.port, server_config.api, tokens, config.seed + 1000 * (i + 1), PREFILL_REPEATS))
-                    bar.update()
-                by_point: dict[tuple, list[StepPoint]] = {}
-                for _ in range(rounds):
+        for pass_index, order in enumerate(server_passes(servers, rounds)):
+            for method, k in order:
+                server_config = server_for(config, k, max_model_len, max(batches), method)
+                with ServerProcess(server_config) as server:
+                    measure_step(server_config, server.url, prompts, 1, 32, k, method)          # warm-up
+                    samples = prefill_samples.setdefault(prefill_drafter(method), {})
+                    for i, tokens in enumerate(prefill_axis):
+                        # The same fresh prompts on every server in a pass (the difference with a
+                        # head is the head's), new ones each pass.
+                        seed = config.seed + 1000 * (i + 1) + 100 * pass_index
+                        samples.setdefault(tokens, []).extend(
+                            measure_prefill(config.port, server_config.api, tokens, seed, per_start))
+                        bar.update()
                     for i in rng.permutation(len(decode_points)):
                         b, p = decode_points[int(i)]
-                        by_point.setdefault((b, p), []).append(
+                        by_point.setdefault((method, k, b, p), []).append(
                             measure_step(server_config, server.url, prompts, b, p, k, method))
                         bar.update()
-                steps += [pooled(measured) for measured in by_point.values()]
+    steps = [pooled(measured) for measured in by_point.values()]
 
     prefill = pooled_prefill(prefill_samples)
     frame, grid = server_tables(steps, prefill, batches, prompt_axis, ks, prefill_axis, rounds)
@@ -336,9 +354,12 @@ def calibrate_server(config: ServerCalibrateConfig) -> Path:
         meta["draft_head"] = repo_relative(config.head)
         meta["draft_estimator"] = "k x the least-squares slope over k of what the EAGLE steps add (head_forward_s)"
     meta["measured_prefill"] = {method: {str(t): s for t, s in points.items()} for method, points in prefill.items()}
-    meta["prefill_estimator"] = (f"median time to first token over every server's {PREFILL_REPEATS} fresh prompts "
+    meta["prefill_estimator"] = (f"median time to first token over every server's {per_start * rounds} fresh prompts, "
+                                 f"{per_start} a start over {rounds} counterbalanced passes "
                                  f"({sum(1 for m, _ in servers if prefill_drafter(m) == 'none')} servers without a head)")
-    meta["step_estimator"] = "mean gap, pooled over rounds"
+    meta["step_estimator"] = "mean gap, pooled over passes"
+    meta["server_order"] = [f"{m} k{k}" if k else m for m, k in servers]
+    meta["server_order_note"] = "each pass starts every server once; passes alternate this order and its reverse"
     meta.update(held_out={}, new_tokens=NEW_TOKENS, max_model_len=max_model_len,
                 duration_s=round(time.perf_counter() - started, 1))
     if config.engine == "llama.cpp":

@@ -31,5 +31,8 @@ python -m profiler serve-live "${common[@]}" --context 512 --batch 1 2 4 8 16 --
 python -m profiler serve-live "${common[@]}" --context 2048 --batch 1 2 4 8 16 --limit 4 4 8 16 24 \
     --out "$out/c2048" >/dev/null
 python -m profiler serve-live "${common[@]}" --context 512 --rate 0.5 2 --limit 16 --out "$out/poisson" >/dev/null
+# The docs' table is the committed study's: another OUT writes its validation.csv only.
+docs=()
+if [ "$out" = validation/vllm-cpu ]; then docs=(--docs docs/validation-servers.md); fi
 python -m sim validate "$out"/c512/ "$out"/c2048/ "$out"/poisson/ --calibration "$bundle" --out "$out" \
-    --docs docs/validation-servers.md
+    "${docs[@]}"

@@ -167,8 +167,8 @@ def server_passes(servers: list[tuple[str, int]], rounds: int) -> list[list[tupl
     """The servers each pass starts, every one once, in turn in their order and reversed: a
     calibration takes an hour on a CPU whose speed drifts by tens of percent over minutes, and in a
     fixed order the first server would price the plain engine by the hour's start and the last the
-    drafters by its end. Balanced, each server's passes average to the middle of the hour (exactly
-    for a linear drift over an even number of passes)."""
+    drafters by its end. Balanced, each server's starts average to the middle of the order (over an
+    even number of passes), which cancels a linear drift where the servers take equal times."""
     return [list(servers) if r % 2 == 0 else list(reversed(servers)) for r in range(rounds)]
 
 

@@ -34,6 +34,13 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
                         help="draft_model: keep only the draft's first N layers (a smaller model from one checkpoint)")
     parser.add_argument("--head", type=Path, default=None,
                         help="eagle: the head folder (head.safetensors + head.json) python -m profiler train-eagle wrote")
+    parser.add_argument("--acceptance", type=_rates, default=None, metavar="A[,A2,...]",
+                        help="synthetic: the chance each draft position keeps the target's own next token, one rate "
+                             "or one a position (positions past the last take the last); each in [0, 1]")
+    parser.add_argument("--draft-shape", default=None,
+                        help="synthetic: the draft whose forwards it runs (random weights) for their cost: head (one "
+                             "decoder layer + the LM head, as EAGLE), none (no forwards, as prompt lookup) or a "
+                             "model preset (a draft model with the target's vocabulary); default head")
     parser.add_argument("--bits", type=int, choices=(4, 8), default=4, help="shadow: weight bits of the draft")
     parser.add_argument("--group-size", type=int, default=64, help="shadow: quantization group (input columns)")
     parser.add_argument("--exit-layer", type=int, default=8, help="layerskip: layers the draft runs")
@@ -94,6 +101,9 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
                              "Triton compiles each new kernel shape on first use (default: 8 on cuda, 0 on cpu)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where the model runs; on cuda each phase is synchronized before it is timed")
+    parser.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
+                        help="on cuda, run every forward eagerly instead of replaying captured CUDA graphs of the "
+                             "decode, verify and chain-draft steps (meta.json `execution` records which ran)")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                         help="weights and activations; fp32 makes greedy speculation exactly lossless")
     parser.add_argument("--seed", type=int, default=0)
@@ -105,6 +115,15 @@ def _tree_shape(text: str):
     if len(parts) != 2 or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
         raise argparse.ArgumentTypeError(f"expects W,D with positive integers (got {text!r})")
     return int(parts[0]), int(parts[1])
+
+
+def _rates(text: str) -> tuple[float, ...]:
+    from profiler.live.config import parse_rates
+
+    try:
+        return parse_rates(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_campaign_arguments(parser: argparse.ArgumentParser) -> None:
@@ -158,6 +177,11 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
                              "time limit; quick 1); with --engine vllm or llama.cpp, passes that each start every "
                              "server once, in turn in order and reversed, their gaps pooled (default 2; quick 1)")
     parser.add_argument("--operators", help="comma-separated subset of operators (default all)")
+    parser.add_argument("--budget-s", type=float, default=None, metavar="SECONDS",
+                        help="end within SECONDS with a checked bundle: the grid chosen by measured time, coarse "
+                             "first (with --quick, up to --quick's grid), more rounds only while one fits "
+                             "(profiler/calibrate/budget.py); not with --rounds, --refit, --pool or another --engine "
+                             "than live")
     parser.add_argument("--refit", type=Path, metavar="BUNDLE",
                         help="keep BUNDLE's operator times and redo only the engine fits (after an engine change)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default torch's)")
@@ -354,6 +378,12 @@ def dispatch(args: argparse.Namespace) -> int:
                                          context=args.context, text=args.text, limit=args.limit,
                                          max_new_tokens=args.max_new_tokens, threads=args.threads, seed=args.seed,
                                          out=args.out))
+    elif args.command == "calibrate" and args.budget_s is not None and \
+            (args.pool or args.engine in ("vllm", "llama.cpp")):
+        from sim.errors import InputError
+
+        raise InputError("--budget-s", "applies to the live engine's operators, not to "
+                                       + ("--pool" if args.pool else f"--engine {args.engine}"))
     elif args.command == "calibrate" and args.pool:
         from profiler.serve.pool import pool_bundles
         from sim.errors import InputError
@@ -375,7 +405,7 @@ def dispatch(args: argparse.Namespace) -> int:
         operators = tuple(o.strip() for o in args.operators.split(",") if o.strip()) if args.operators else None
         config = CalibrateConfig(device=args.device, model=args.model, dtype=args.dtype, quick=args.quick,
                                  out=args.out, rounds=args.rounds, operators=operators, refit=args.refit,
-                                 threads=args.threads, seed=args.seed, engine=args.engine)
+                                 threads=args.threads, seed=args.seed, engine=args.engine, budget_s=args.budget_s)
         if config.engine == "hf":
             from profiler.blackbox.transformers import calibrate_transformers
 

@@ -19,6 +19,20 @@ if KERNEL_DEVICE == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def small_kernel_model(seed: int = 0, layers: int = 2, max_context: int = 512):
+    """A small random Llama on KERNEL_DEVICE (weights N(0, 0.3), norms 1) whose greedy choices are
+    decisive: the kernel path and the torch path give it the same tokens."""
+    torch.manual_seed(seed)
+    from profiler.engine.model import Llama, LlamaConfig
+
+    model = Llama(LlamaConfig(name="small", layers=layers, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128,
+                              vocab=97, tied_embeddings=True, max_context=max_context))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0, 0.3) if "norm" not in name else p.fill_(1.0)
+    return model.eval().to(KERNEL_DEVICE)
+
+
 @pytest.fixture
 def tiny_config(tmp_path) -> Path:
     """A one-layer Llama config small enough to price by hand."""

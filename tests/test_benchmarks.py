@@ -52,3 +52,16 @@ def test_serving_benchmark_reports_both_modes_and_methods():
     rows = [line.split() for line in proc.stdout.splitlines()[2:]]
     assert [(r[0], r[-4]) for r in rows] == [("autoregressive", "static"), ("autoregressive", "continuous"),
                                             ("ngram", "static"), ("ngram", "continuous")]
+
+
+def test_engine_ab_benchmark_times_both_revisions_interleaved():
+    import pytest
+
+    pytest.importorskip("torch")
+    pytest.importorskip("gguf")
+    proc = subprocess.run([sys.executable, "benchmarks/bench_engine_ab.py", "--base", "HEAD", "--pairs", "1",
+                           "--tokens", "4", "--passes", "1"], cwd=REPO, capture_output=True, text=True, check=True)
+    report = json.loads(proc.stdout)
+    assert report["pairs"] == 1 and report["base_tok_s_median"] > 0 and report["this_tok_s_median"] > 0
+    assert report["ratio_min"] <= report["ratio_median"] <= report["ratio_max"]
+    assert "pair 1: base" in proc.stderr

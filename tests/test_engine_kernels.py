@@ -6,27 +6,14 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 import spec_kernels  # noqa: E402
-from conftest import KERNEL_DEVICE  # noqa: E402
+from conftest import KERNEL_DEVICE, small_kernel_model as small_model  # noqa: E402
 from profiler.engine.drafters import NgramDrafter, SelfDrafter  # noqa: E402
-from profiler.engine.model import Llama, LlamaConfig  # noqa: E402
 from profiler.engine.partial import PartialSpec  # noqa: E402
 from profiler.engine.serving import speculative_generate  # noqa: E402
 from profiler.engine.tree import TreeShape  # noqa: E402
 
 if KERNEL_DEVICE == "cpu" and not spec_kernels.INTERPRET:
     pytest.skip("on the CPU the Triton code runs only with TRITON_INTERPRET=1", allow_module_level=True)
-
-CONFIG = LlamaConfig(name="small", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=97,
-                     tied_embeddings=True, max_context=512)
-
-
-def small_model():
-    torch.manual_seed(0)
-    model = Llama(CONFIG)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.normal_(0, 0.3) if "norm" not in name else p.fill_(1.0)
-    return model.eval().to(KERNEL_DEVICE)
 
 
 # Prompts of different lengths (ragged rows), long enough for SpecPV to engage.

@@ -78,6 +78,20 @@ def test_live_run_writes_steps_requests_summary_outputs_and_meta(tmp_path):
     (["--policy", "goodput", "--tree", "2,2", "--calibration", "calibration/cpu/smollm2-135m"],
      "--policy: goodput chooses a chain's k"),
     (["--policy", "off_above_batch:2", "--budget", "16"], "--policy: off_above_batch does not combine with --budget"),
+    # The synthetic drafter (tests/test_synthetic.py has the rest of it).
+    (["--method", "synthetic"], "--acceptance: the synthetic drafter keeps each draft position with a set chance"),
+    (["--method", "synthetic", "--acceptance", "1.2"], "--acceptance: each rate must be in [0, 1] (got 1.2)"),
+    (["--method", "synthetic", "--acceptance", "0.9,-0.1"], "--acceptance: each rate must be in [0, 1] (got -0.1)"),
+    (["--method", "synthetic", "--acceptance", "high"], "argument --acceptance: expects a rate or comma-separated"),
+    (["--method", "ngram", "--acceptance", "0.8"], "--acceptance: belongs to the synthetic drafter; give --method synthetic"),
+    (["--method", "ngram", "--draft-shape", "head"], "--draft-shape: belongs to the synthetic drafter"),
+    (["--method", "synthetic", "--acceptance", "0.8", "--draft-shape", "tiny"], "--draft-shape: unknown draft shape 'tiny'"),
+    (["--method", "synthetic", "--acceptance", "0.8", "--draft-shape", "qwen3-30b-a3b"],
+     "--draft-shape: qwen3-30b-a3b is a mixture of experts"),
+    (["--method", "synthetic", "--acceptance", "0.8", "--temperature", "0.5"],
+     "--temperature: the synthetic drafter drafts the target's greedy continuation"),
+    (["--method", "synthetic", "--acceptance", "0.8", "--policy", "goodput", "--calibration",
+      "calibration/cpu/smollm2-135m"], "--policy: goodput does not price the synthetic drafter"),
 ])
 def test_bad_live_arguments_are_one_line_and_write_nothing(tmp_path, args, message, capsys, monkeypatch):
     # The command's own entry point, in this process: the same parsing, checks and error path as
@@ -204,12 +218,15 @@ def test_the_warm_up_runs_the_first_batch_untimed_with_and_without_the_drafter(t
     from profiler.live.config import LiveConfig
 
     calls = []
-    monkeypatch.setattr(live_run, "run_batches", lambda model, prompts, settings, drafter, eos, label, policy=None:
-                        calls.append((len(prompts), settings.max_new_tokens, settings.serving, drafter, policy)))
+    monkeypatch.setattr(live_run, "run_batches",
+                        lambda model, prompts, settings, drafter, eos, label, policy=None, cache_tokens=0:
+                        calls.append((len(prompts), settings.max_new_tokens, settings.serving, drafter, policy,
+                                      cache_tokens)))
     prompts = [[1, 2, 3]] * 5
     settings = LiveConfig(out=tmp_path, device="cuda", batch=2, serving="continuous", baseline=True)
-    live_run.warm_up("model", prompts, settings, "drafter", 0)
-    assert calls == [(2, 8, "static", "drafter", None), (2, 8, "static", None, None)]
+    # The warm-up's cache is the run's (cache_tokens), so the run keeps it and the graphs on it.
+    live_run.warm_up("model", prompts, settings, "drafter", 0, cache_tokens=99)
+    assert calls == [(2, 8, "static", "drafter", None, 99), (2, 8, "static", None, None, 99)]
     calls.clear()
     live_run.warm_up("model", prompts, settings.model_copy(update={"device": "cpu"}), "drafter", 0)
     assert calls == []

@@ -14,6 +14,11 @@ steps and fitted against a bundle's operator tables (`profiler calibrate`, step 
 - machine_probe: the two probe forwards of probe.py, the median over the rounds: the machine's
   speed during this calibration, for `sim validate`'s predictions at a run's speed.
 
+On CUDA the whole forwards and decoding steps are the engine's there: decode and verify forwards
+(at most 64 new tokens a row) in the attention kernel's layout replayed from CUDA graphs
+(profiler/engine/graphs.py), prompts eagerly; the host time per step is then what the host adds to
+the replays.
+
 `EngineProbe` measures one round of everything at a time; calibrate runs a round after each round
 of operator timing, so whole forwards and operators are timed over the same minutes and their
 ratio is not one spell of a shared machine's. The decode forwards (the factor's rows of at most 16
@@ -83,7 +88,7 @@ class EngineProbe:
         in partial-verification forwards."""
         import torch
 
-        from profiler.engine.serving import speculative_generate
+        from profiler.engine.serving import needed_cache_tokens, speculative_generate
         from profiler.calibrate.timing import timed_forwards
 
         seconds = self.time_forwards([*self.forward_s, *self.check_s])
@@ -92,11 +97,18 @@ class EngineProbe:
         # Host time per step: a decoding run's wall time minus its forwards (timed by hooks on the
         # model, synchronized); the acceptance the cost model adds on its own comes off in `fit`.
         prompt_tokens, new_tokens = 128, 12 if self.quick else 24
+        if self.device == "cuda":       # the engine's decoding replays graphs there; their replays are timed
+            from profiler.engine.graphs import enable_graphs
+
+            enable_graphs(self.model)
         with timed_forwards(self.model, self.sync) as forward_s:
             for batch in self.batches:
                 prompts = torch.randint(0, self.config.vocab, (batch, prompt_tokens), generator=self.generator).tolist()
+                cache_tokens = needed_cache_tokens(prompts, new_tokens, 0, None)
+                if self.device == "cuda":     # untimed: the decode shapes' graphs captured on the run's cache
+                    speculative_generate(self.model, prompts, 2, None, cache_tokens=cache_tokens)
                 forward_s.clear()
-                gen = speculative_generate(self.model, prompts, new_tokens, None)
+                gen = speculative_generate(self.model, prompts, new_tokens, None, cache_tokens=cache_tokens)
                 steps = len({s.step for s in gen.steps})
                 self.host_s[batch].append((gen.wall_s - gen.prefill_s - sum(forward_s[1:])) / steps)
         for batch in self.selection_batches:
@@ -166,9 +178,28 @@ class EngineProbe:
         positions = (kv - query + torch.arange(query)).expand(batch, query).to(device)
         logits_at = torch.full((batch,), query - 1, device=device) if query > 64 else None
         prompt = query > 64 and kv == query      # a whole prompt: the engine's prefill path
+        forward = lambda: self.model(tokens, positions, logits_at=logits_at, prompt=prompt)    # noqa: E731
+        if device == "cuda" and query <= 64:       # decode and verification (the engine's small queries)
+            forward = self.graphed_forward(tokens, positions, kv)
         with torch.inference_mode():
-            return time_call(lambda: self.model(tokens, positions, logits_at=logits_at, prompt=prompt), device,
-                             0.3).median_s
+            return time_call(forward, device, 0.3).median_s
+
+    def graphed_forward(self, tokens, positions, kv: int):
+        """A decode or verify forward as the engine runs it on CUDA: the query's tokens at the
+        consecutive slots below kv, in the attention kernel's layout, replayed from a CUDA graph
+        (captured on first use, and again whenever the timing cache is replaced)."""
+        import torch
+
+        from profiler.engine.graphs import chain_mask, enable_graphs, forward_new_tokens
+        from profiler.engine.model import KernelLayout
+
+        enable_graphs(self.model)
+        batch, query = tokens.shape
+        device = tokens.device
+        kernel = KernelLayout(torch.full((batch,), kv, dtype=torch.int32, device=device),
+                              chain_mask(query, device).expand(batch, query, query))
+        logits_at = torch.arange(query, device=device).expand(batch, query)
+        return lambda: forward_new_tokens(self.model, tokens, positions, positions, kernel, logits_at)
 
     def fit(self, model_name: str, dtype_name: str, hardware: str, bundle: Path) -> tuple[dict, list[dict]]:
         """The fits for meta.json, against the operator tables of `bundle` (the provisional one),

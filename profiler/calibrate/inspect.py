@@ -4,7 +4,8 @@ One row per operator: its grid, the time range, and the best achieved memory ban
 rate over its points (bytes and FLOPs it must move and compute, over the measured median), each
 also as a share of the datasheet figure of the simulator's hardware preset for that device.
 Then the held-out error, the timing noise it follows (how far one point's timing rounds
-lie apart) and the fitted engine overheads.
+lie apart), a budgeted calibration's points timed against its finest grid (`--budget-s`) and the
+fitted engine overheads.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ def inspect_bundle(path: Path) -> None:
     """Print the bundle's operators, rates against the datasheet, held-out error and fits."""
     import pandas as pd
 
+    from profiler.calibrate.budget import budget_line
     from sim.formats.bundle import load_bundle
     from sim.formats.bundle import PROFILE, timing_noise_line
     from sim.formats.provenance import repo_relative
@@ -55,6 +57,8 @@ def inspect_bundle(path: Path) -> None:
               f"{held['forward_median_abs_error']:.1%}")
     if bundle.round_spread is not None:
         print(timing_noise_line(bundle.round_spread, int(bundle.meta["rounds"])))
+    if budget_line(meta) is not None:
+        print(budget_line(meta))
     fits = meta.get("fits", {})
     if fits:
         print(f"fitted engine host time per step: "

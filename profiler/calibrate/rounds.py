@@ -41,6 +41,49 @@ def another_round(done: int, rounds: int, max_rounds: int, now_s: float, longest
     return done < max_rounds and deadline is not None and now_s + longest_round_s <= deadline
 
 
+class PointTimer:
+    """Times one operator at one point: builds it on its seeded bench (cold copies on the CPU,
+    build_cold) and times it (timing.py). Holds what every point shares: on the CPU one pool of
+    random values, enough for the copies of any operator to overflow the caches 4 times."""
+
+    def __init__(self, config, dtype, device: str, seed: int):
+        import torch
+
+        from profiler.calibrate.operators import random_pool
+
+        self.config, self.dtype, self.device = config, dtype, device
+        self.element_bytes = torch.finfo(dtype).bits // 8
+        self.pool = random_pool(max(4 * last_level_cache_bytes() // self.element_bytes, 1 << 22), dtype, device,
+                                seed) if device == "cpu" else None
+
+    def time_point(self, op: str, point: dict, generator_seed: int, pool_offset: int):
+        """The Timing of `op` at `point`; the bench's generator is seeded by `generator_seed` and
+        its copies start at `pool_offset` of the shared pool."""
+        import torch
+
+        from profiler.calibrate.operators import OPERATORS, Bench
+        from profiler.calibrate.timing import time_call
+
+        bench = Bench(self.config, self.dtype, self.device, torch.Generator().manual_seed(generator_seed), self.pool,
+                      pool_offset)
+        fn = build_cold(OPERATORS[op], bench, dict(point), self.element_bytes)
+        return time_call(fn, self.device, MIN_RUN_TIME_S)
+
+
+# Each point's timing runs its operator for at least this long (timing.py's blocks of about 2 ms).
+MIN_RUN_TIME_S = 0.02
+
+
+def timing_items(grid: dict, held: dict) -> list[tuple]:
+    """Every grid and held-out point as (op, point items, held_out), each timed once: cells of
+    attention_prefill below its diagonal are its diagonal (prefill_cell)."""
+    items = []
+    for op, axes in grid.items():
+        items += [(op, tuple(sorted(prefill_cell(op, p).items())), False) for p in grid_points(axes)]
+        items += [(op, tuple(sorted(p.items())), True) for p in held.get(op, [])]
+    return list(dict.fromkeys(items))
+
+
 def measure_operators(config, dtype, device, grid, held, rounds, seed, after_round=None, within_round=None,
                       within_round_calls: int = 0, max_rounds: int | None = None, deadline: float | None = None):
     """Time every grid and held-out point `rounds` times in shuffled order, calling `after_round()`
@@ -50,26 +93,14 @@ def measure_operators(config, dtype, device, grid, held, rounds, seed, after_rou
     time.perf_counter() value). Returns one row per point, the median round (`seconds`), every
     round (`round_seconds`) and their range over the median (`spread`), and the rounds timed."""
     import numpy as np
-    import pandas as pd
     import torch
     from tqdm import tqdm
 
-    from profiler.calibrate.operators import OPERATORS, Bench, random_pool
-    from profiler.calibrate.timing import time_call
-
-    items = []
-    for op, axes in grid.items():
-        items += [(op, prefill_cell(op, p), False) for p in grid_points(axes)]
-        items += [(op, p, True) for p in held.get(op, [])]
-    # Duplicates (prefill cells below the diagonal) are timed once.
-    unique = list(dict.fromkeys((op, tuple(sorted(p.items())), h) for op, p, h in items))
-    element_bytes = torch.finfo(dtype).bits // 8
-    min_run_time_s = 0.02
+    unique = timing_items(grid, held)
     times: dict[tuple, list] = {key: [] for key in unique}
     rng = np.random.default_rng(seed)
-    # Enough shared random values for the copies of any operator to overflow the caches 4 times.
-    pool = random_pool(max(4 * last_level_cache_bytes() // element_bytes, 1 << 22), dtype, device, seed) \
-        if device == "cpu" else None
+    timer = PointTimer(config, dtype, device, seed)
+    pool = timer.pool
     # Spread through the round, the extra bursts meet the machine in the states the operators do.
     within_at = evenly_spaced_positions(len(unique), within_round_calls if within_round is not None else 0)
     max_rounds = max(rounds, max_rounds or rounds)
@@ -87,11 +118,8 @@ def measure_operators(config, dtype, device, grid, held, rounds, seed, after_rou
                     within_round()
                     bar.set_postfix_str("")
                 op, point, _ = key = unique[i]
-                bench = Bench(config, dtype, device, torch.Generator().manual_seed(seed * 100003 + int(i)), pool,
-                              int(rng.integers(pool.numel())) if pool is not None else 0)
-                fn = build_cold(OPERATORS[op], bench, dict(point), element_bytes)
-                times[key].append(time_call(fn, device, min_run_time_s))
-                del fn, bench
+                offset = int(rng.integers(pool.numel())) if pool is not None else 0
+                times[key].append(timer.time_point(op, dict(point), seed * 100003 + int(i), offset))
                 bar.update()
             if after_round is not None:
                 bar.set_postfix_str(f"engine round {r + 1}")
@@ -99,6 +127,19 @@ def measure_operators(config, dtype, device, grid, held, rounds, seed, after_rou
                 bar.set_postfix_str("")
             longest_round_s = max(longest_round_s, time.perf_counter() - round_started)
             r += 1
+    return frame_of(config, timer.element_bytes, grid, times), r
+
+
+def frame_of(config, element_bytes: int, grid: dict, times: dict):
+    """profile.parquet's rows from each timed point's rounds (`times`: timing_items' keys -> their
+    Timings): the median round (`seconds`), every round (`round_seconds`) and their range over the
+    median (`spread`; one round: its interquartile range); attention_prefill's cells below its
+    diagonal copy the diagonal's time."""
+    import numpy as np
+    import pandas as pd
+
+    from profiler.calibrate.operators import OPERATORS
+
     rows = []
     for (op, point, held_out), timings in times.items():
         p = dict(point)
@@ -121,7 +162,7 @@ def measure_operators(config, dtype, device, grid, held, rounds, seed, after_rou
                 row = source.iloc[0].to_dict()
                 row["kv"] = p["kv"]
                 frame = pd.concat([frame, pd.DataFrame([row])], ignore_index=True)
-    return frame.sort_values(["op", "held_out", *DIMS]).reset_index(drop=True), r
+    return frame.sort_values(["op", "held_out", *DIMS]).reset_index(drop=True)
 
 
 # Host-side operators whose inputs a real step has just produced (warm in cache).

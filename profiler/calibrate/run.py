@@ -10,10 +10,14 @@ calibration bundle (sim/formats/bundle.py) for the simulator's calibrated cost m
 3. The held-out error: each off-grid point against the tables' interpolation, and whole forwards
    at off-grid shapes against the composed prediction; with the rounds' spread (the machine's
    timing noise during the calibration), which the held-out error follows.
+
+`--budget-s SECONDS` chooses the grid by measured time instead, coarse first, so that the command
+ends within its budget with a checked bundle (budget.py).
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import tempfile
@@ -23,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
+from profiler.calibrate.budget import budget_line, measure_within_budget
 from profiler.calibrate.fits import DECODE_BURSTS_WITHIN_ROUND
 from profiler.calibrate.grid import grid_for, grid_of, held_out_points
 from profiler.calibrate.rounds import MAX_ROUNDS, MIN_ROUNDS, ROUNDS_BUDGET_S, measure_operators
@@ -35,6 +40,9 @@ from sim.formats.provenance import git_revision, repo_relative
 # The operators whole forwards are composed of: without them (an --operators subset) no engine fits.
 FORWARD_OPERATORS = (*(f"linear.{n}" for n in ("qkv", "o", "gate_up", "down")), "elementwise", "attention",
                      "attention_prefill", "lm_head")
+# Held-out points per operator: --quick's count with a budget too, where they are part of the
+# minimum every budget pays (budget.py).
+HELD_OUT_PER_OP = {"full": 6, "quick": 3, "budget": 3}
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,7 @@ class CalibrateConfig:
     threads: int | None = None                          # torch CPU threads
     seed: int = 0
     engine: Literal["live", "hf"] = "live"              # hf: transformers as a black box (profiler/blackbox)
+    budget_s: float | None = None                       # end within this many seconds (budget.py)
 
 
 @dataclass(frozen=True)
@@ -72,9 +81,18 @@ def check_config(config: CalibrateConfig) -> None:
     if config.rounds is not None and config.rounds < 1:
         raise InputError("--rounds", f"{config.rounds} must be at least 1")
     if config.engine == "hf":
-        for flag, value in (("--operators", config.operators), ("--refit", config.refit)):
+        for flag, value in (("--operators", config.operators), ("--refit", config.refit),
+                            ("--budget-s", config.budget_s)):
             if value is not None:
                 raise InputError(flag, "applies to the live engine's operators, not to --engine hf")
+    if config.budget_s is not None:
+        if not (math.isfinite(config.budget_s) and config.budget_s > 0):
+            raise InputError("--budget-s", f"{config.budget_s:g} must be a number of seconds above 0")
+        # The budget decides the rounds (more only while one fits) and times a grid; --refit times none.
+        for flag, value in (("--rounds", config.rounds), ("--refit", config.refit)):
+            if value is not None:
+                raise InputError("--budget-s", f"chooses the grid and the rounds by time; it cannot be combined "
+                                               f"with {flag}")
 
 
 def plan_calibration(config: CalibrateConfig) -> Plan:
@@ -100,6 +118,8 @@ def plan_calibration(config: CalibrateConfig) -> Plan:
         grid = {op: grid[op] for op in config.operators}
     if config.rounds:
         rounds = max_rounds = config.rounds
+    elif config.budget_s is not None:
+        rounds, max_rounds = 1, MAX_ROUNDS          # more only while one fits the budget (budget.py)
     else:
         rounds, max_rounds = (1, 1) if config.quick else (MIN_ROUNDS, MAX_ROUNDS)
     out = config.out or config.refit or \
@@ -110,6 +130,7 @@ def plan_calibration(config: CalibrateConfig) -> Plan:
 
 def calibrate(config: CalibrateConfig) -> Path:
     """Time, fit and check; write the bundle and print its summary. Returns the bundle's folder."""
+    started = time.perf_counter()       # a budget counts from here: torch's import is part of it
     import numpy as np
     import torch
     from tqdm import tqdm
@@ -122,7 +143,6 @@ def calibrate(config: CalibrateConfig) -> Path:
         torch.set_num_threads(config.threads)
     plan = plan_calibration(config)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[plan.dtype_name]
-    started = time.perf_counter()
     grid, rounds = plan.grid, plan.rounds
     if config.refit is not None:
         frame, meta = reuse_operators(config.refit, plan.model_config, plan.dtype_name, plan.device_name)
@@ -136,15 +156,33 @@ def calibrate(config: CalibrateConfig) -> Path:
     else:
         from profiler.calibrate.fits import EngineProbe
 
-        probe = EngineProbe(plan.model_config, dtype, plan.device, config.seed, config.quick,
+        # With a budget the engine round is --quick's: one full round took 70 s on the 2-core CPU
+        # (328 s with the machine shared), more than a small budget's whole.
+        probe = EngineProbe(plan.model_config, dtype, plan.device, config.seed,
+                            config.quick or config.budget_s is not None,
                             selection="selection" in grid and "summaries" in grid)
     if config.refit is not None:
         for _ in tqdm(range(rounds), desc="engine rounds", unit="round"):
             probe.measure_round()
             for _ in range(DECODE_BURSTS_WITHIN_ROUND):
                 probe.measure_decode_burst()
+    elif config.budget_s is not None:
+        levels = None if config.quick else \
+            {op: axes for op, axes in grid_for(plan.model_config, True, plan.device == "cuda").items() if op in grid}
+
+        def checkpoint(frame, timed_grid: dict, timed_rounds: int, budget: dict) -> None:
+            meta = bundle_meta(plan.model_config, plan.model_name, plan.dtype_name, plan.device, plan.device_name,
+                               timed_grid, timed_rounds, config.quick, config.seed)
+            write_checked_bundle(plan, frame, {**meta, "budget": budget}, timed_grid, probe, started)
+
+        held = held_out_points(grid, np.random.default_rng(config.seed), per_op=HELD_OUT_PER_OP["budget"])
+        frame, grid, rounds, budget = measure_within_budget(plan.model_config, dtype, plan.device, grid, levels, held,
+                                                            config.seed, config.budget_s, started, probe, checkpoint)
+        meta = {**bundle_meta(plan.model_config, plan.model_name, plan.dtype_name, plan.device, plan.device_name,
+                              grid, rounds, config.quick, config.seed), "budget": budget}
     else:
-        held = held_out_points(grid, np.random.default_rng(config.seed), per_op=3 if config.quick else 6)
+        held = held_out_points(grid, np.random.default_rng(config.seed),
+                               per_op=HELD_OUT_PER_OP["quick" if config.quick else "full"])
         frame, rounds = measure_operators(plan.model_config, dtype, plan.device, grid, held, rounds, config.seed,
                                           after_round=probe.measure_round if probe is not None else None,
                                           within_round=probe.measure_decode_burst if probe is not None else None,
@@ -152,6 +190,16 @@ def calibrate(config: CalibrateConfig) -> Path:
                                           deadline=started + ROUNDS_BUDGET_S[plan.device])
         meta = bundle_meta(plan.model_config, plan.model_name, plan.dtype_name, plan.device, plan.device_name, grid,
                            rounds, config.quick, config.seed)
+    meta = write_checked_bundle(plan, frame, meta, grid, probe, started,
+                                refit_rounds=rounds if config.refit is not None else None)
+    print(format_calibration_summary(plan.out, meta))
+    return plan.out
+
+
+def write_checked_bundle(plan: Plan, frame, meta: dict, grid: dict, probe, started: float,
+                         refit_rounds: int | None = None) -> dict:
+    """The engine fits against the operator tables, the held-out error and the time taken, then the
+    bundle, written at once; returns its meta. refit_rounds: the engine rounds of a --refit."""
     fits, forward_checks = {}, []
     if probe is not None:
         # The fits price whole forwards with the simulator's calibrated cost model, which reads a bundle.
@@ -163,15 +211,14 @@ def calibrate(config: CalibrateConfig) -> Path:
     meta["held_out"] = held_out_error(frame, grid, forward_checks)
     spread = round_spread(frame, meta["rounds"])
     meta["held_out"]["round_spread"] = None if spread is None else round(spread, 4)
-    if config.refit is not None:
+    if refit_rounds is not None:
         meta["refit"] = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                          "git_revision": git_revision(), "duration_s": round(time.perf_counter() - started, 1),
-                         "rounds": rounds}
+                         "rounds": refit_rounds}
     else:
         meta["duration_s"] = round(time.perf_counter() - started, 1)
     write_bundle(plan.out, frame, meta)
-    print(format_calibration_summary(plan.out, meta))
-    return plan.out
+    return meta
 
 
 def reuse_operators(bundle_dir: Path, config, dtype_name: str, device_name: str):
@@ -260,6 +307,13 @@ def format_calibration_summary(out: Path, meta: dict) -> str:
              f"{percent(held['p90_abs_error'])}, worst {percent(held['max_abs_error'])} over {held['points']} points"]
     if held.get("round_spread") is not None:
         lines.append(timing_noise_line(held["round_spread"], int(meta["rounds"])))
+    if budget_line(meta) is not None:
+        lines.append(budget_line(meta))
+        if meta.get("duration_s", 0.0) > meta["budget"]["budget_s"]:
+            phases = meta["budget"]["phases_s"]
+            minimum_s = sum(phases.get(k, 0.0) for k in ("setup", "minimum", "engine_round", "checkpoint"))
+            lines.append(f"note: over the budget: the least a checked bundle takes (every axis's ends, the held-out "
+                         f"points, an engine round, the fits) took {minimum_s:.0f} s here; give a larger --budget-s")
     if held["median_abs_error"] is not None and held["median_abs_error"] > HELD_OUT_TARGET:
         lines.append(f"note: the held-out error is above its target ({HELD_OUT_TARGET:.0%}); the larger the timing noise, "
                      f"the more the machine moved under the timings (docs/validation.md): calibrate again when it is quieter")

@@ -98,7 +98,8 @@ def _time_cuda(fn, min_run_time_s: float) -> Timing:
 @contextmanager
 def timed_forwards(model, sync: Callable[[], None] = lambda: None):
     """Hooks on `model` that append each forward's seconds to the yielded list (synchronized by
-    `sync` before each clock read, for CUDA); removed on exit. A decoding loop's host time is its
+    `sync` before each clock read, for CUDA), its CUDA graph replays included when it has them on
+    (profiler.engine.graphs: enable them before); removed on exit. A decoding loop's host time is its
     wall time minus these."""
     import time
 
@@ -114,8 +115,15 @@ def timed_forwards(model, sync: Callable[[], None] = lambda: None):
         seconds.append(time.perf_counter() - started.pop())
 
     hooks = [model.register_forward_pre_hook(before), model.register_forward_hook(after)]
+    # A forward replayed from a CUDA graph (profiler/engine/graphs.py) does not call the model.
+    graphs = getattr(model, "step_graphs", None)          # a model of ours, not transformers'
+    replay = (lambda: before(None, None), lambda: after(None, None, None))
+    if graphs is not None:
+        graphs.replay_hooks.append(replay)
     try:
         yield seconds
     finally:
         for hook in hooks:
             hook.remove()
+        if graphs is not None:
+            graphs.replay_hooks.remove(replay)

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from profiler.engine.model import Llama, add_tree_edges, causal_mask, context_mask
+from profiler.engine.graphs import chain_mask, forward_new_tokens
+from profiler.engine.model import KernelLayout, Llama, add_tree_edges, causal_mask, context_mask
 from profiler.engine.tree import TreeShape
 
 
@@ -33,6 +34,8 @@ class DraftInput:
     last: Tensor                  # [B] root tokens (the last committed)
     positions: Tensor             # [B] their positions (= cache slots)
     shape: TreeShape
+    prompt_tokens: list[int] | None = None   # per request: how much of its history is the prompt
+    kernels: bool = False         # the step's forwards use the attention kernel (the CUDA path)
 
 
 class Drafter:
@@ -69,6 +72,11 @@ class Drafter:
     def swap_rows(self, a: int, b: int, length: int) -> None:
         """The target exchanged cache rows a and b (own caches only)."""
 
+    def graph_models(self) -> list[Llama]:
+        """The models whose forwards this drafter runs besides the target's (their chain drafts
+        replay CUDA graphs when the engine captures them: profiler.engine.graphs)."""
+        return []
+
     # A drafter that reads the target's hidden states (EAGLE) sets reads_hidden; the engine then
     # keeps them (Llama.keep_hidden) and hands over those of the committed positions.
     reads_hidden = False
@@ -77,6 +85,15 @@ class Drafter:
         """After a verification (or a plain decode step): the forward's hidden states [M, T, H]
         and, per decoding row, (row, first position, the indices in T of the committed positions
         first, first + 1, ...)."""
+
+
+def forward_consecutive(model: Llama, tokens: Tensor, positions: Tensor) -> Tensor:
+    """Logits [B, 1, V] after the last of T new tokens per row at consecutive positions (= cache
+    slots), each seeing the cache below it and the new tokens before it (tokens, positions: [B, T])."""
+    B, T = tokens.shape
+    kernel = KernelLayout((positions[:, -1] + 1).to(torch.int32), chain_mask(T, tokens.device).expand(B, T, T))
+    logits_at = torch.full((B, 1), T - 1, dtype=torch.long, device=tokens.device)
+    return forward_new_tokens(model, tokens, positions, positions, kernel, logits_at)
 
 
 class NgramDrafter(Drafter):
@@ -132,8 +149,15 @@ class ModelDrafter(Drafter):
     def first_forward(self, model: Llama, step: DraftInput) -> Tensor:
         """Logits [B, V] after each root."""
         pos = step.positions[:, None]
+        if self.on_kernels(step):
+            return forward_consecutive(model, step.last[:, None], pos)[:, -1]
         mask = context_mask(pos, pos, int(pos.max()) + 1, self.sink, self.window)
         return model(step.last[:, None], pos, mask=mask, exit_layer=self.exit_layer)[:, -1]
+
+    def on_kernels(self, step: DraftInput) -> bool:
+        """A chain drafted by the whole draft model over its whole context is, at every forward, new
+        tokens at consecutive slots: the attention kernel's layout, which CUDA graphs replay."""
+        return step.kernels and step.shape.width == 1 and self.sink is None and self.exit_layer is None
 
     def propose(self, step, sampler=None):
         model, shape = self.draft_model(step), step.shape
@@ -166,6 +190,8 @@ class ModelDrafter(Drafter):
     def feed_level(self, model: Llama, step: DraftInput, level: int, tokens: Tensor) -> Tensor:
         """Feed this level's nodes [B, W] (one per branch) and return the next level's logits [B, W, V]."""
         shape, root = step.shape, step.positions
+        if self.on_kernels(step):          # the chain's node of this level at slot root + level
+            return forward_consecutive(model, tokens, (root + level)[:, None])
         B, device = len(root), root.device
         at = shape.level_nodes(level).to(device)
         slots = root[:, None] + 1 + at
@@ -207,6 +233,9 @@ class ShadowDrafter(ModelDrafter):
     def draft_model(self, step):
         return self.shadow
 
+    def graph_models(self):
+        return [self.shadow]
+
 
 class DraftModelDrafter(ModelDrafter):
     """A separate smaller model with its own KV cache, prefilled with the prompts. Each step it
@@ -229,9 +258,14 @@ class DraftModelDrafter(ModelDrafter):
     def first_forward(self, model, step):
         device = step.positions.device
         pos = step.positions[:, None] + torch.tensor([-1, 0], device=device)                  # [B, 2]
-        previous = torch.tensor([h[p - 1] for h, p in zip(step.history, step.positions.tolist())], device=device)
+        previous = torch.tensor([h[-2] for h in step.history], device=device)
         tokens = torch.stack([previous, step.last], dim=1)
+        if self.on_kernels(step):
+            return forward_consecutive(model, tokens, pos)[:, -1]
         return model(tokens, pos, mask=causal_mask(pos, int(pos.max()) + 1))[:, -1]
+
+    def graph_models(self):
+        return [self.draft]
 
     def keep_rows(self, model, rows):
         self.draft.keep_rows(rows)

@@ -230,6 +230,8 @@ class Llama(nn.Module):
         # leaves them, [B, T, hidden] before the final norm, in kept_hidden.
         self.keep_hidden = False
         self.kept_hidden: Tensor | None = None
+        # Captured CUDA graphs of this model's forwards (profiler.engine.graphs), when on.
+        self.step_graphs = None
 
     def setup_cache(self, batch: int, max_seq: int) -> None:
         """Allocate each layer's KV cache [batch, H_kv, max_seq, D] and the RoPE tables."""
@@ -237,6 +239,12 @@ class Llama(nn.Module):
         if max_seq > c.max_context:
             raise ValueError(f"context {max_seq} is beyond the model's maximum {c.max_context}")
         weight = self.lm_head.weight
+        if self.step_graphs is not None and self._cache_holds(batch, max_seq):
+            # Captured graphs write this cache: keep it (stale K/V past each request's position is
+            # never read, and every slot below it is written before it is read).
+            for layer in self.layers:
+                layer.attention.block_max = layer.attention.block_min = None
+            return
         for layer in self.layers:
             shape = (batch, c.kv_heads, max_seq, c.head_dim)
             layer.attention.k_cache = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
@@ -244,6 +252,12 @@ class Llama(nn.Module):
         self.rope = rope_table(c, weight.device)
         for layer in self.layers:
             layer.attention.block_max = layer.attention.block_min = None
+
+    def _cache_holds(self, batch: int, max_seq: int) -> bool:
+        """Whether the current cache has exactly `batch` rows and at least `max_seq` slots."""
+        k, weight = self.layers[0].attention.k_cache, self.lm_head.weight
+        return (k is not None and k.shape[0] == batch and k.shape[2] >= max_seq and k.dtype == weight.dtype
+                and k.device == weight.device)
 
     def forward(self, tokens: Tensor, positions: Tensor, mask: Tensor | None = None, slots: Tensor | None = None,
                 logits_from: int = 0, logits_at: Tensor | None = None, exit_layer: int | None = None,
@@ -269,7 +283,9 @@ class Llama(nn.Module):
         """
         if prompt and (mask is not None or kernel is not None or partial is not None):
             raise ValueError("a prompt forward takes no mask, kernel layout or partial step")
-        x, cache_index, rotation, mask = self.embed_inputs(tokens, positions, mask, slots, causal=not prompt)
+        # The kernel takes its layout, not a mask: building the default one would read positions back.
+        x, cache_index, rotation, mask = self.embed_inputs(tokens, positions, mask, slots,
+                                                           causal=not prompt and kernel is None)
         B = tokens.shape[0]
         for layer in self.layers[:exit_layer]:
             x = layer(x, cache_index, rotation, mask, partial, kernel, first_row)

@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
 
 from profiler.engine.drafters import Drafter
+from profiler.engine.graphs import disable_graphs, enable_graphs
 from profiler.engine.model import Llama
 from profiler.engine.partial import PartialSpec
 from profiler.engine.policy import StepPolicy
@@ -69,6 +71,9 @@ class Served(Generation):
     arrival_s: list[float] = field(default_factory=list)
     admitted_s: list[float] = field(default_factory=list)
     prefill_chunks: list[tuple[int, int, int, float]] = field(default_factory=list)   # (iteration, request, tokens, s)
+    cuda_graphs: bool = False                # decode / verify / chain-draft forwards replayed from CUDA graphs
+    graph_captures: int = 0                  # graphs captured during this run, and their seconds
+    graph_capture_s: float = 0.0
 
 
 @dataclass
@@ -90,25 +95,33 @@ def poisson_arrivals(requests: int, rate_per_s: float, seed: int) -> tuple[float
 def speculative_generate(model: Llama, prompts: list[list[int]], max_new_tokens: int, drafter: Drafter | None,
                          k: int = 4, eos_id: int | None = None, sampler: Sampler | None = None,
                          tree: TreeShape | None = None, partial: PartialSpec | None = None,
-                         use_kernels: bool | None = None, policy: StepPolicy | None = None) -> Generation:
+                         use_kernels: bool | None = None, policy: StepPolicy | None = None,
+                         use_graphs: bool | None = None, cache_tokens: int = 0, mark_steps: bool = False) -> Generation:
     """Generation of every prompt as one static batch (prefilled in one forward, decoded until its
     last request finishes, each request leaving the step it finishes), greedy (or sampled with
     `sampler`); speculative when `drafter` is given, drafting a chain of k or `tree`; SpecPV
     partial verification with `partial`. use_kernels: verification attention by spec_kernels.attention
     (default: on CUDA; on the CPU it needs TRITON_INTERPRET=1 and runs the Triton code
-    interpreted, for tests); policy: the drafts each step (profiler.engine.policy)."""
+    interpreted, for tests); policy: the drafts each step (profiler.engine.policy); use_graphs,
+    cache_tokens, mark_steps: as `serve`."""
     B = len(prompts)
     return serve(model, prompts, max_new_tokens, drafter, ServeSpec(max_batch=B, static=True, concurrency=B), k, eos_id,
-                 sampler, tree, partial, use_kernels, policy)
+                 sampler, tree, partial, use_kernels, policy, use_graphs, cache_tokens, mark_steps)
 
 
 @torch.inference_mode()
 def serve(model: Llama, prompts: list[list[int]], max_new_tokens: int, drafter: Drafter | None, spec: ServeSpec,
           k: int = 4, eos_id: int | None = None, sampler: Sampler | None = None, tree: TreeShape | None = None,
-          partial: PartialSpec | None = None, use_kernels: bool | None = None, policy: StepPolicy | None = None) -> Served:
+          partial: PartialSpec | None = None, use_kernels: bool | None = None, policy: StepPolicy | None = None,
+          use_graphs: bool | None = None, cache_tokens: int = 0, mark_steps: bool = False) -> Served:
     """Serve every prompt as `spec` says; greedy (or sampled), speculative when `drafter` is given,
     drafting k per step (or `tree`) or what `policy` chooses each step (a chain of up to k, or
-    none: a plain decode step)."""
+    none: a plain decode step). use_graphs: replay the kernel path's decode, verify and chain-draft
+    forwards from CUDA graphs (default: on CUDA; profiler.engine.graphs). cache_tokens: size the KV
+    cache for at least this many slots (a warm-up sized like the run after it, which then keeps its
+    cache and graphs). mark_steps: each engine step inside a profiler range named STEP_RANGE
+    (profiler.live.launches counts in them; off otherwise, since an open range costs some 50 us a
+    step on the CPU)."""
     spec.check(len(prompts))
     if policy is not None and (drafter is None or partial is not None):
         raise ValueError("a speculation policy needs a drafter and no partial verification")
@@ -117,9 +130,19 @@ def serve(model: Llama, prompts: list[list[int]], max_new_tokens: int, drafter: 
     shape = (tree or TreeShape(1, k)) if drafter is not None else None
     device = model.lm_head.weight.device
     use_kernels = device.type == "cuda" if use_kernels is None else use_kernels
+    use_graphs = use_kernels and device.type == "cuda" if use_graphs is None else use_graphs
+    if use_graphs and not use_kernels:
+        raise ValueError("CUDA graphs replay the attention kernel's forwards: they need use_kernels")
+    graphed = [model] + (drafter.graph_models() if drafter is not None else [])
+    for m in graphed:
+        if use_graphs:
+            enable_graphs(m)
+        else:
+            disable_graphs(m)
+    captures_before = _captures(graphed)
     sync = device_sync(device)
     nodes = shape.nodes if shape is not None else 0
-    max_seq = max(len(p) for p in prompts) + max_new_tokens + 2 * (nodes + 1) + refeed_room(partial, nodes) + 2
+    max_seq = max(needed_cache_tokens(prompts, max_new_tokens, nodes, partial), cache_tokens)
     rows = spec.max_batch
     model.setup_cache(rows, max_seq)
     if drafter is not None:
@@ -177,8 +200,9 @@ def serve(model: Llama, prompts: list[list[int]], max_new_tokens: int, drafter: 
                     drafter.follow(model, alive)
                 elif tree is None and k_now != shape.depth:
                     step_shape = TreeShape(1, k_now)
-            records = run_step(model, alive, step_drafter, step_shape, sampler, partial, max_new_tokens, eos_id, step,
-                               use_kernels, start, reader=drafter)
+            with torch.profiler.record_function(STEP_RANGE) if mark_steps else nullcontext():
+                records = run_step(model, alive, step_drafter, step_shape, sampler, partial, max_new_tokens, eos_id,
+                                   step, use_kernels, start, reader=drafter)
             if policy is not None:
                 policy.observe(records)
             out.steps += records
@@ -201,7 +225,27 @@ def serve(model: Llama, prompts: list[list[int]], max_new_tokens: int, drafter: 
                 finish(entry.state, now)
     out.wall_s = clock()
     out.prefill_s = sum(c[3] for c in out.prefill_chunks)
+    captures_after = _captures(graphed)
+    out.cuda_graphs = use_graphs and device.type == "cuda"     # on the CPU the buffers replay without a graph
+    out.graph_captures = captures_after[0] - captures_before[0]
+    out.graph_capture_s = captures_after[1] - captures_before[1]
     return out
+
+
+# The profiler range around each engine step: what `profiler.live.launches` counts launches in.
+STEP_RANGE = "engine_step"
+
+
+def needed_cache_tokens(prompts: list[list[int]], max_new_tokens: int, nodes: int, partial: PartialSpec | None) -> int:
+    """KV slots a run of these prompts needs: the longest prompt and output, a step's drafts twice
+    (the tree's slots, then the accepted path moved), SpecPV's re-feed padding and the trash slot."""
+    return max(len(p) for p in prompts) + max_new_tokens + 2 * (nodes + 1) + refeed_room(partial, nodes) + 2
+
+
+def _captures(models: list[Llama]) -> tuple[int, float]:
+    """Graphs captured so far on these models, and the seconds capturing took."""
+    graphs = [m.step_graphs for m in models if m.step_graphs is not None]
+    return sum(g.captures for g in graphs), sum(g.capture_s for g in graphs)
 
 
 def _admit(prompts, max_new_tokens, spec: ServeSpec, waiting: deque, alive: list, prefilling: list, reserved: int,

@@ -46,7 +46,9 @@ def shadow_model(target: Llama, bits: int = 4, group_size: int = 64, use_kernels
     after `target.setup_cache`. use_kernels: spec_kernels.quant_matmul (default: on CUDA)."""
     if use_kernels is None:
         use_kernels = target.lm_head.weight.is_cuda
+    graphs, target.step_graphs = target.step_graphs, None        # captured graphs are not copied
     shadow = copy.deepcopy(target)
+    target.step_graphs = graphs
     shadow.embed, shadow.norm, shadow.lm_head = target.embed, target.norm, target.lm_head
     for mine, theirs in zip(shadow.layers, target.layers):
         mine.attention_norm, mine.ffn_norm = theirs.attention_norm, theirs.ffn_norm

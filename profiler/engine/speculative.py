@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from profiler.engine.drafters import DraftInput, Drafter
+from profiler.engine.graphs import forward_new_tokens
 from profiler.engine.model import KernelLayout, Llama, add_tree_edges, context_mask
 from profiler.engine.partial import PartialSpec, PartialStep
 from profiler.engine.sampling import probs_from_logits, sample, verify_chain
@@ -124,27 +125,38 @@ def run_step(model: Llama, alive: list[RequestState], drafter: Drafter | None, s
     sync = device_sync(device)
     nodes_per_step = shape.nodes if shape is not None else 0
     t0 = time.perf_counter()
-    positions = torch.tensor([r.position for r in alive], device=device)
-    last = torch.tensor([r.history[-1] for r in alive], device=device)
+    roots = torch.tensor([(r.position, r.history[-1]) for r in alive], device=device)          # [M, 2]: one copy
+    positions, last = roots[:, 0], roots[:, 1]
     modes = [_mode(r, drafter, partial) for r in alive]
-    nodes, node_probs = (drafter.propose(DraftInput(model, [r.history for r in alive], last, positions, shape),
+    nodes, node_probs = (drafter.propose(DraftInput(model, [r.history for r in alive], last, positions, shape,
+                                                    [r.prompt_tokens for r in alive], use_kernels),
                                          sampler) if drafter is not None else (None, None))
     if nodes is not None:
         nodes = nodes.to(device)
     sync()
     t1 = time.perf_counter()
-    layout = _lay_out_step(alive, modes, None if nodes is None else nodes.cpu(), shape, partial, device,
-                           use_kernels)
-    logits = model(layout.tokens, layout.positions, mask=layout.mask, slots=layout.slots,
-                   logits_at=layout.logits_at, partial=layout.partial, kernel=layout.kernel)   # [M, L, V]
+    if use_kernels and all(m in ("decode", "verify") for m in modes):
+        # Every row the same T new tokens at consecutive slots: the attention kernel's layout, built
+        # on the device (no host round trip), and replayed from a CUDA graph when the model has them.
+        layout = _lay_out_uniform_step(alive, positions, last, nodes, shape)
+        logits = forward_new_tokens(model, layout.tokens, layout.positions, layout.slots, layout.kernel,
+                                    layout.logits_at)                                               # [M, T, V]
+        verify_logits = logits
+    else:
+        layout = _lay_out_step(alive, modes, None if nodes is None else nodes.cpu(), shape, partial, device,
+                               use_kernels)
+        logits = model(layout.tokens, layout.positions, mask=layout.mask, slots=layout.slots,
+                       logits_at=layout.logits_at, partial=layout.partial, kernel=layout.kernel)   # [M, L, V]
+        at = (torch.tensor(layout.verify_from)[:, None] + torch.arange(1 + nodes_per_step)).to(device)
+        verify_logits = logits.gather(1, at[..., None].expand(-1, -1, logits.shape[-1]))      # [M, 1 + N, V]
     sync()
     t2 = time.perf_counter()
     selection_s = layout.partial.selection_s if layout.partial is not None else 0.0
     moves, refreshed, records, hidden = [], [], [], []
-    at = (torch.tensor(layout.verify_from)[:, None] + torch.arange(1 + nodes_per_step)).to(device)
-    verify_logits = logits.gather(1, at[..., None].expand(-1, -1, logits.shape[-1]))          # [M, 1 + N, V]
-    chains = _verify_chains(verify_logits, nodes, sampler, node_probs) if shape is None or shape.width == 1 else None
-    node_lists = nodes.tolist() if nodes is not None else None
+    if shape is None or shape.width == 1:
+        chains, node_lists = _verify_chains(verify_logits, nodes, sampler, node_probs)
+    else:
+        chains, node_lists = None, nodes.tolist()
     for b, r in enumerate(alive):
         rolled_back = _rectify(r, logits[b]) if modes[b] == "full" and partial.rectify else 0
         if rolled_back:
@@ -210,13 +222,50 @@ def _mode(r: RequestState, drafter: Drafter | None, partial: PartialSpec | None)
     return "full" if r.refresh is None or due or r.final_check else "partial"
 
 
+def _lay_out_uniform_step(alive: list[RequestState], positions: Tensor, last: Tensor, nodes: Tensor | None,
+                          shape: TreeShape | None) -> "StepLayout":
+    """A step whose every row is [root, tree nodes] (decode, or verification without SpecPV's
+    modes), laid out on the device for the attention kernel: row b's T new tokens at slots
+    p_b .. p_b + T - 1, kv_len p_b + T, the tree's mask among them. positions, last: [M]."""
+    n_nodes = shape.nodes if nodes is not None else 0
+    T = 1 + n_nodes
+    offsets, tree_mask, columns = _uniform_constants(shape if nodes is not None else None, positions.device)
+    M = positions.shape[0]
+    tokens = last[:, None] if nodes is None else torch.cat([last[:, None], nodes], dim=1)      # [M, T]
+    kernel = KernelLayout((positions + T).to(torch.int32), tree_mask.expand(M, T, T))
+    layout = StepLayout(tokens, positions[:, None] + offsets, positions[:, None] + columns, None,
+                        columns.expand(M, T), [0] * M, [T] * M, [r.position + T for r in alive], [0] * M, None,
+                        kernel)
+    return layout
+
+
+_UNIFORM: dict = {}
+
+
+def _uniform_constants(shape: TreeShape | None, device) -> tuple[Tensor, Tensor, Tensor]:
+    """Per tree shape, on the device: rotary offsets [T] (root 0, node n its level), the mask
+    among the new tokens [T, T] (the root sees itself, a node the root and its ancestors) and
+    0..T-1, made once."""
+    key = (shape, str(device))
+    if key not in _UNIFORM:
+        T = 1 + (shape.nodes if shape is not None else 0)
+        mask = torch.zeros(T, T, dtype=torch.bool)
+        mask[:, 0] = True
+        offsets = torch.zeros(T, dtype=torch.long)
+        if shape is not None:
+            mask[1:, 1:] = shape.ancestors
+            offsets[1:] = shape.levels
+        _UNIFORM[key] = (offsets.to(device), mask.to(device), torch.arange(T, device=device))
+    return _UNIFORM[key]
+
+
 @dataclass
 class StepLayout:
     """One target forward over a ragged batch, padded to T tokens per row."""
     tokens: Tensor            # [M, T]
     positions: Tensor         # [M, T] rotary positions
     slots: Tensor             # [M, T] cache slots (padding writes to the trash slot)
-    mask: Tensor              # [M, 1, T, S]
+    mask: Tensor | None       # [M, 1, T, S] (None: the kernel's layout alone)
     logits_at: Tensor         # [M, L] which tokens' logits come back
     verify_from: list[int]    # per row: index in the returned logits of the root's
     query_tokens: list[int]
@@ -293,13 +342,14 @@ def _lay_out_step(alive: list[RequestState], modes: list[str], nodes: Tensor | N
 
 
 def _verify_chains(rows: Tensor, nodes: Tensor | None, sampler: Sampler | None,
-                   node_probs: Tensor | None) -> list[tuple[list[int], list[bool], int]]:
+                   node_probs: Tensor | None) -> tuple[list[tuple[list[int], list[bool], int]], list[list[int]] | None]:
     """Chains (or plain decoding), the whole batch at once. rows [M, 1 + k, V]: target logits
     after the root and each draft. Per request: (accepted node indices, per-position accept
-    flags, the target's next token)."""
+    flags, the target's next token); and the drafted tokens as lists. One read-back from the
+    device for all of it."""
     if nodes is None:
         following = rows[:, 0].argmax(-1) if sampler is None else sampler.draw(rows[:, 0])[0]
-        return [([], [], t) for t in following.tolist()]
+        return [([], [], t) for t in following.tolist()], None
     if sampler is None:
         choice = rows.argmax(-1)                                                    # [M, 1 + k]
         flags = nodes == choice[:, :-1]
@@ -307,7 +357,10 @@ def _verify_chains(rows: Tensor, nodes: Tensor | None, sampler: Sampler | None,
         following = choice.gather(1, accepted[:, None])[:, 0]
     else:
         flags, accepted, following = verify_chain(sampler.probs(rows), nodes, node_probs, sampler.generator)
-    return [(list(range(n)), f, t) for n, f, t in zip(accepted.tolist(), flags.tolist(), following.tolist())]
+    k = nodes.shape[1]
+    packed = torch.cat([accepted[:, None], following[:, None], flags.long(), nodes.long()], dim=1).tolist()
+    chains = [(list(range(row[0])), [bool(f) for f in row[2:2 + k]], row[1]) for row in packed]
+    return chains, [row[2 + k:] for row in packed]
 
 
 def _verify_tree(rows: Tensor, nodes: list[int], shape: TreeShape, sampler: Sampler | None,

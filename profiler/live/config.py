@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from sim.errors import InputError
 from sim.formats.names import LIVE_METHODS
@@ -26,6 +26,9 @@ class LiveConfig(BaseModel):
     draft_model: str = "smollm2"         # draft_model: the draft (same forms as model)
     draft_layers: int | None = None      # draft_model: keep only the draft's first N layers
     head: Path | None = None             # eagle: the head folder (python -m profiler train-eagle)
+    acceptance: tuple[float, ...] | None = None   # synthetic: the chance a draft position keeps the target's
+                                         # token, one rate or one a position (past the last: the last)
+    draft_shape: str | None = None       # synthetic: what drafting costs: head, none or a model preset (default head)
     bits: Literal[4, 8] = 4              # shadow: weight bits of the draft
     group_size: int = 64                 # shadow: quantization group (input columns)
     exit_layer: int = 8                  # layerskip: layers the draft runs
@@ -62,9 +65,26 @@ class LiveConfig(BaseModel):
                                          # (default: 8 on cuda, where Triton compiles each new shape; 0 on cpu)
     threads: int | None = None           # torch CPU threads
     device: Literal["cpu", "cuda"] = "cpu"
+    cuda_graphs: bool = True             # on cuda: replay decode / verify / chain-draft forwards from CUDA graphs
     dtype: Literal["fp32", "bf16"] = "fp32"
     seed: int = 0
     out: Path                            # the run folder to write (must not exist)
+
+    @field_validator("acceptance", mode="before")
+    @classmethod
+    def _rates(cls, value):
+        """A campaign's YAML may give one rate as a number, or rates as "0.9,0.8"."""
+        if isinstance(value, (int, float)):
+            return (value,)
+        return parse_rates(value) if isinstance(value, str) else value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _synthetic_draft_shape(cls, values):
+        # Recorded runs of the synthetic drafter always name their draft shape: validation groups by it.
+        if isinstance(values, dict) and values.get("method") == "synthetic" and values.get("draft_shape") is None:
+            values = {**values, "draft_shape": "head"}
+        return values
 
     def recorded(self) -> dict:
         """The settings as meta.json records them (`arguments`): paths relative to the repository;
@@ -75,6 +95,45 @@ class LiveConfig(BaseModel):
         if self.context is not None:
             values["prompts"] = None
         return values
+
+
+def parse_rates(text: str) -> tuple[float, ...]:
+    """--acceptance: `A` or `A1,A2,...` as rates (ValueError if not numbers; their range is check_config's)."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(parts):
+        raise ValueError(f"expects a rate or comma-separated rates, e.g. 0.8 or 0.9,0.8,0.7 (got {text!r})")
+    try:
+        return tuple(float(p) for p in parts)
+    except ValueError:
+        raise ValueError(f"expects a rate or comma-separated rates, e.g. 0.8 or 0.9,0.8,0.7 (got {text!r})") from None
+
+
+def check_synthetic(settings: LiveConfig) -> None:
+    """The synthetic drafter's flags: --acceptance with it and only with it, each rate in [0, 1];
+    --draft-shape head, none or a dense model preset."""
+    if settings.method != "synthetic":
+        for flag, value in (("--acceptance", settings.acceptance), ("--draft-shape", settings.draft_shape)):
+            if value is not None:
+                raise InputError(flag, "belongs to the synthetic drafter; give --method synthetic")
+        return
+    if settings.acceptance is None:
+        raise InputError("--acceptance", "the synthetic drafter keeps each draft position with a set chance: give "
+                                         "--acceptance A or A1,A2,... (each in [0, 1])")
+    for rate in settings.acceptance:
+        if not 0.0 <= rate <= 1.0:
+            raise InputError("--acceptance", f"each rate must be in [0, 1] (got {rate})")
+    if settings.temperature > 0:
+        raise InputError("--temperature", "the synthetic drafter drafts the target's greedy continuation; "
+                                          "it takes no --temperature")
+    from sim.scenario.presets.models import MODELS
+
+    shape = settings.draft_shape
+    if shape not in ("head", "none") and shape not in MODELS:
+        raise InputError("--draft-shape", f"unknown draft shape {shape!r} (head, none, or a model preset: "
+                                          f"{', '.join(sorted(MODELS))})")
+    if shape in MODELS and (MODELS[shape].experts is not None or MODELS[shape].latent is not None):
+        raise InputError("--draft-shape", f"{shape} is a mixture of experts or uses latent attention; the live "
+                                          f"engine runs dense Llama-family drafts only")
 
 
 def parse_policy(text: str) -> tuple[str, int | None]:
@@ -137,6 +196,7 @@ def check_config(settings: LiveConfig) -> None:
     if (settings.method == "eagle") != (settings.head is not None):
         raise InputError("--head", "--method eagle drafts with a head: give --head DIR (python -m profiler train-eagle)"
                          if settings.method == "eagle" else "is the eagle method's head; give --method eagle")
+    check_synthetic(settings)
     if settings.tree is not None and settings.method == "none":
         raise InputError("--tree", "needs a drafter (--method other than none)")
     kind, _ = parse_policy(settings.policy)
@@ -148,6 +208,9 @@ def check_config(settings: LiveConfig) -> None:
     if kind == "goodput":
         if settings.tree is not None:
             raise InputError("--policy", "goodput chooses a chain's k; a tree takes static or off_above_batch")
+        if settings.method == "synthetic":
+            raise InputError("--policy", "goodput does not price the synthetic drafter's steps yet; use static or "
+                                         "off_above_batch")
         if settings.calibration is None:
             raise InputError("--policy", "goodput prices each step's k with a calibration bundle: give --calibration")
         if not (settings.calibration / "meta.json").is_file():

@@ -10,7 +10,9 @@ from sim.formats.provenance import git_revision
 from sim.formats.run_folder import write_run_folder
 
 def write_run(settings: LiveConfig, rows, prompts, tok, loaded, speculative, baseline, quiet: bool = False,
-              probe: dict | None = None) -> None:
+              probe: dict | None = None, drafter_summary: dict | None = None, execution: dict | None = None) -> None:
+    """drafter_summary: what the drafter adds to summary.json (the synthetic drafter's rates and divergence);
+    execution: what engine ran (meta.json `execution`: CUDA graphs, launches per step)."""
     import numpy as np
     import pandas as pd
 
@@ -42,8 +44,10 @@ def write_run(settings: LiveConfig, rows, prompts, tok, loaded, speculative, bas
                              "itl_p50_s": float(np.median(itl)) if len(itl) else None,
                              "itl_p90_s": float(np.percentile(itl, 90)) if len(itl) else None})
             outputs.append({"request": rid, "text": tok.decode(out), "tokens": out})
-    summary = summarize_run(speculative, baseline, settings)
+    summary = {**summarize_run(speculative, baseline, settings), **(drafter_summary or {})}
     meta = run_meta(settings, loaded)
+    if execution is not None:
+        meta["execution"] = execution
     if probe is not None:
         meta["machine_probe"] = probe
     write_run_folder(settings.out, pd.DataFrame(steps), pd.DataFrame(requests), summary, outputs, meta)

@@ -41,6 +41,16 @@ def make_drafter(settings: LiveConfig, model, dtype):
         return DraftModelDrafter(draft.model)
     if settings.method == "ngram":
         return NgramDrafter()
+    if settings.method == "synthetic":
+        from profiler.engine.gguf_loader import ModelLoadError
+        from profiler.engine.synthetic import SyntheticDrafter, draft_cost
+
+        try:
+            cost = draft_cost(settings.draft_shape, model, settings.seed + 1)
+        except (ModelLoadError, ValueError) as exc:
+            raise InputError("--draft-shape", str(exc)) from None
+        # Its records (the target's own continuations) come from run_live's recording pass.
+        return SyntheticDrafter({}, settings.acceptance, model.config.vocab, settings.seed, cost)
     if settings.method == "eagle":
         from profiler.engine.eagle_drafter import EagleDrafter
         from profiler.engine.eagle_head import load_head
@@ -132,7 +142,12 @@ def draft_settings(settings: LiveConfig, longest: int) -> dict:
     return {}
 
 
-def run_batches(model, prompts: list[list[int]], settings: LiveConfig, drafter, eos_id, label: str, policy=None):
+def run_batches(model, prompts: list[list[int]], settings: LiveConfig, drafter, eos_id, label: str, policy=None,
+                cache_tokens: int = 0, mark_steps: bool = False):
+    """Serve the prompts as the settings say (static batches, or continuously); cache_tokens: the
+    KV cache's size, the same for every batch and pass of a run, so that it and the CUDA graphs
+    captured on it are kept from the warm-up on (profiler.engine.graphs); mark_steps: each engine
+    step in a profiler range (profiler.live.launches)."""
     import torch
     from tqdm import tqdm
 
@@ -154,14 +169,36 @@ def run_batches(model, prompts: list[list[int]], settings: LiveConfig, drafter, 
 
         spec = serve_spec(settings, prompts)
         return [(0, serve(model, prompts, settings.max_new_tokens, drafter, spec, k=settings.k, eos_id=eos_id,
-                          sampler=sampler, tree=tree, partial=partial, policy=policy))]
+                          sampler=sampler, tree=tree, partial=partial, policy=policy, use_graphs=uses_graphs(settings),
+                          cache_tokens=cache_tokens, mark_steps=mark_steps))]
     runs = []
     batches = range(0, len(prompts), settings.batch)
     for first in tqdm(batches, desc=label, unit="batch", disable=len(batches) < 2, leave=False):
         runs.append((first, speculative_generate(model, prompts[first:first + settings.batch], settings.max_new_tokens,
                                                  drafter, k=settings.k, eos_id=eos_id, sampler=sampler, tree=tree,
-                                                 partial=partial, policy=policy)))
+                                                 partial=partial, policy=policy, use_graphs=uses_graphs(settings),
+                                                 cache_tokens=cache_tokens, mark_steps=mark_steps)))
     return runs
+
+
+def uses_graphs(settings: LiveConfig) -> bool:
+    """CUDA graphs replay the engine's forwards on CUDA unless --no-cuda-graphs; never on the CPU."""
+    return settings.device == "cuda" and settings.cuda_graphs
+
+
+def count_step_launches(model, prompts: list[list[int]], settings: LiveConfig, drafter, eos_id, cache_tokens: int,
+                        runs) -> dict:
+    """What the run's engine was (meta.json `execution`): graphs on or off, the graphs captured
+    while it was timed, and launches per step counted over a short untimed pass of its first batch
+    (profiler.live.launches)."""
+    from profiler.live.launches import count_launches
+
+    gens = [gen for _, gen in runs]
+    short = settings.model_copy(update={"max_new_tokens": min(4, settings.max_new_tokens), "serving": "static"})
+    counted = count_launches(lambda: run_batches(model, prompts[:settings.batch], short, drafter, eos_id, "launches",
+                                                 cache_tokens=cache_tokens, mark_steps=True), settings.device == "cuda")
+    return {"cuda_graphs": uses_graphs(settings), "graph_captures_in_run": sum(g.graph_captures for g in gens),
+            "graph_capture_s": sum(g.graph_capture_s for g in gens), **counted}
 
 
 def warmup_tokens(settings: LiveConfig) -> int:
@@ -172,16 +209,16 @@ def warmup_tokens(settings: LiveConfig) -> int:
     return min(8, settings.max_new_tokens) if settings.device == "cuda" else 0
 
 
-def warm_up(model, prompts: list[list[int]], settings: LiveConfig, drafter, eos_id) -> None:
+def warm_up(model, prompts: list[list[int]], settings: LiveConfig, drafter, eos_id, cache_tokens: int = 0) -> None:
     """Generate a few tokens of the first batch, untimed and unrecorded, as a static batch and
     without the policy (whose state would carry into the run); autoregressively too when a baseline
     follows, whose decode steps are shapes of their own."""
     tokens = warmup_tokens(settings)
     if tokens:
         warm = settings.model_copy(update={"max_new_tokens": tokens, "serving": "static"})
-        run_batches(model, prompts[:settings.batch], warm, drafter, eos_id, "warm-up")
+        run_batches(model, prompts[:settings.batch], warm, drafter, eos_id, "warm-up", cache_tokens=cache_tokens)
         if drafter is not None and (settings.baseline or settings.check_lossless):
-            run_batches(model, prompts[:settings.batch], warm, None, eos_id, "warm-up")
+            run_batches(model, prompts[:settings.batch], warm, None, eos_id, "warm-up", cache_tokens=cache_tokens)
 
 
 def run_live(settings: LiveConfig, models: dict | None = None, quiet: bool = False) -> None:
@@ -230,24 +267,35 @@ def run_live(settings: LiveConfig, models: dict | None = None, quiet: bool = Fal
     refeed = 0      # the engine's room for padding ragged SpecPV re-feeds (profiler.engine.speculative)
     if settings.budget is not None:
         refeed = settings.period * (drafted + 1) if settings.period_unit == "steps" else settings.period + drafted + 1
-    if longest + settings.max_new_tokens + 2 * (drafted + 1) + refeed + 2 > config.max_context:
+    cache_tokens = longest + settings.max_new_tokens + 2 * (drafted + 1) + refeed + 2   # serving.needed_cache_tokens
+    if cache_tokens > config.max_context:
         raise InputError("--max-new-tokens", f"prompt {longest} + {settings.max_new_tokens} new tokens exceed the "
                                                 f"model's maximum context {config.max_context}")
     if settings.budget is not None and settings.budget >= longest:
         raise InputError("--budget", f"{settings.budget} is not below the context ({longest} prompt tokens)")
     drafter = make_drafter(settings, model, dtype)
+    depth = settings.tree[1] if settings.tree is not None else settings.k
+    if settings.method == "synthetic":     # the target's own greedy continuations: untimed, unrecorded
+        from profiler.engine.synthetic import record_continuations
+
+        drafter.records = record_continuations(model, prompts, settings.max_new_tokens, depth, settings.batch,
+                                               tok.eos_id, cache_tokens)
     policy = make_policy(settings, config, prompts) if drafter is not None else None
-    warm_up(model, prompts, settings, drafter, tok.eos_id)
+    warm_up(model, prompts, settings, drafter, tok.eos_id, cache_tokens)
+    if settings.method == "synthetic":
+        drafter.reset()                    # the run draws from the seed and counts from zero, warm-up or not
     probe = {"before": measure_probe(model, config, settings.device, settings.seed)} if settings.probe else None
-    speculative = run_batches(model, prompts, settings, drafter, tok.eos_id, settings.method, policy)
+    speculative = run_batches(model, prompts, settings, drafter, tok.eos_id, settings.method, policy, cache_tokens)
     baseline = None
     if settings.baseline or settings.check_lossless:
         baseline = (speculative if settings.method == "none"
-                    else run_batches(model, prompts, settings, None, tok.eos_id, "baseline"))
+                    else run_batches(model, prompts, settings, None, tok.eos_id, "baseline", cache_tokens=cache_tokens))
     if probe is not None:
         probe["after"] = measure_probe(model, config, settings.device, settings.seed)
         probe["shapes"] = probe["before"].pop("shapes")
         probe["after"].pop("shapes")
-    write_run(settings, rows, prompts, tok, loaded, speculative, baseline, quiet, probe)
+    drafter_summary = {"synthetic": drafter.summary(depth)} if settings.method == "synthetic" else None
+    execution = count_step_launches(model, prompts, settings, drafter, tok.eos_id, cache_tokens, speculative)
+    write_run(settings, rows, prompts, tok, loaded, speculative, baseline, quiet, probe, drafter_summary, execution)
 
 

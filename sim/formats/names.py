@@ -5,10 +5,12 @@ from __future__ import annotations
 from sim.errors import InputError
 
 # Every method a scenario can speculate with; the live engine runs LIVE_METHODS of them (EAGLE with
-# a head trained by `python -m profiler train-eagle`; EAGLE-3, MTP and Medusa are simulated only).
+# a head trained by `python -m profiler train-eagle`; EAGLE-3, MTP and Medusa are simulated only),
+# and one more: `synthetic`, a drafter of set acceptance paying a stated draft's cost, which
+# validation predicts as the scenario method of that cost (sim/validate/compare.py).
 METHODS = ("none", "ngram", "draft_model", "eagle", "eagle3", "mtp", "medusa", "shadow", "layerskip",
            "streaming")
-LIVE_METHODS = ("none", "ngram", "shadow", "layerskip", "streaming", "draft_model", "eagle")
+LIVE_METHODS = ("none", "ngram", "shadow", "layerskip", "streaming", "draft_model", "eagle", "synthetic")
 
 # The simulator's phases, in the order of Result.time_share (sim/cost/batch.py indexes them).
 PHASES = ("prefill", "decode", "verify", "partial_verify", "full_verify", "draft", "selection",

@@ -132,7 +132,18 @@ def speculation_of(run: LiveRun, acceptance: dict, disagreement: dict | None) ->
         raise InputError("RUN_DIR", f"{run.path}: draft_model runs are not covered by validation yet")
     if a.get("temperature"):
         raise InputError("RUN_DIR", f"{run.path}: sampled runs (--temperature) are not covered by validation yet")
-    spec: dict = {"method": run.method, "acceptance": acceptance}
+    if run.method == "synthetic":
+        # The synthetic drafter (profiler/engine/synthetic.py) sets acceptance and pays for the forwards
+        # of a random-weight draft: priced as the method that runs those. Its head is one decoder layer
+        # of the target's shape with its own KV and the target's LM head (the simulator's EAGLE head,
+        # less the fusion linear); none drafts on the host (prompt lookup's cost); a preset is a
+        # draft model of that shape.
+        shape = a.get("draft_shape") or "head"
+        method, draft = {"head": ("eagle", {"layers": 1}), "none": ("ngram", None)}.get(
+            shape, ("draft_model", {"model": shape}))
+    else:
+        method, draft = run.method, None
+    spec: dict = {"method": method, "acceptance": acceptance, **({"draft": draft} if draft else {})}
     if a.get("tree"):
         spec["tree"] = {"width": int(a["tree"][0]), "depth": int(a["tree"][1])}
     else:

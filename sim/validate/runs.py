@@ -17,7 +17,8 @@ from sim.formats.run_folder import META, REQUESTS, STEPS, SUMMARY
 
 # What makes two runs' acceptance comparable, per method (besides the method and the draft shape).
 DRAFT_SETTINGS = {"ngram": (), "shadow": ("bits", "group_size"), "layerskip": ("exit_layer",),
-                  "streaming": ("sink", "window"), "draft_model": ("draft_model", "draft_layers"), "eagle": ("head",)}
+                  "streaming": ("sink", "window"), "draft_model": ("draft_model", "draft_layers"), "eagle": ("head",),
+                  "synthetic": ("acceptance", "draft_shape")}
 # Engines whose runs are a server's (profiler serve-live): continuous batching, no step records.
 SERVER_ENGINES = ("vllm", "llama.cpp")
 # What makes two server runs serve the same requests the same way (speculation aside).

@@ -1,0 +1,71 @@
+"""The live engine's graph path (profiler/engine/graphs.py) on the CPU: the same static buffers,
+capture sizes and padding rows a CUDA graph replays, run without the graph through Triton's CPU
+interpreter; its tokens must be the eager kernel path's, and a warm-up sized like the run must
+leave the run nothing to capture. (torch.cuda.graph itself needs a GPU: scripts/gpu-check.sh.)"""
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+import spec_kernels  # noqa: E402
+from conftest import KERNEL_DEVICE, small_kernel_model as small_model  # noqa: E402
+from profiler.engine import drafters, graphs, serving  # noqa: E402
+from profiler.engine.tree import TreeShape  # noqa: E402
+
+if KERNEL_DEVICE == "cpu" and not spec_kernels.INTERPRET:
+    pytest.skip("on the CPU the Triton code runs only with TRITON_INTERPRET=1", allow_module_level=True)
+
+# Five ragged prompts: rows finish at different steps, so the batch shrinks through sizes (3) that
+# replay a larger capture size (4) with padding rows.
+PROMPTS = [[(7 * i + 3 * j) % 97 for j in range(length)] for i, length in enumerate((40, 55, 31, 47, 60))]
+
+
+def test_capture_sizes_are_vllms_up_to_the_cache_rows():
+    assert graphs.capture_sizes(1) == [1]
+    assert graphs.capture_sizes(5) == [1, 2, 4, 5]
+    assert graphs.capture_sizes(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    assert graphs.capture_sizes(300)[-4:] == [256, 272, 288, 300]
+
+
+@pytest.mark.parametrize("make", [
+    lambda: dict(drafter=None),
+    lambda: dict(drafter=drafters.NgramDrafter(), k=3),
+    lambda: dict(drafter=drafters.NgramDrafter(), tree=TreeShape(2, 2)),
+    lambda: dict(drafter=drafters.DraftModelDrafter(small_model(seed=1, layers=1)), k=3),
+], ids=["decode", "chain", "tree", "draft-model-chain"])
+def test_padded_static_buffers_give_the_eager_kernel_paths_tokens(make):
+    # Six cache rows for five requests: the five replay capture size 6 with a padding row, and
+    # speculative rows that finish early leave fewer (4 replays 4, 3 replays 4 with padding).
+    spec = serving.ServeSpec(max_batch=6, static=True, concurrency=len(PROMPTS))
+    model = small_model()
+    eager = serving.serve(model, PROMPTS, 10, spec=spec, use_kernels=True, use_graphs=False, **make())
+    assert model.step_graphs is None
+    graphed = serving.serve(model, PROMPTS, 10, spec=spec, use_kernels=True, use_graphs=True, **make())
+    assert graphed.cuda_graphs == (KERNEL_DEVICE == "cuda") and not eager.cuda_graphs   # the CPU: no graph
+    assert graphed.outputs == eager.outputs
+    assert [s.accepted for s in graphed.steps] == [s.accepted for s in eager.steps]
+    assert {rows for rows, _, _ in model.step_graphs.captured} == {1, 2, 4, 6}
+    graphs.disable_graphs(model)
+
+
+def test_a_warm_up_sized_like_the_run_keeps_its_cache_and_buffers_for_the_run():
+    model = small_model()
+    needed = max(len(p) for p in PROMPTS) + 10 + 2 * 4 + 2
+    serving.speculative_generate(model, PROMPTS, 2, drafters.NgramDrafter(), k=3, use_kernels=True, use_graphs=True, cache_tokens=needed)
+    cache = model.layers[0].attention.k_cache
+    buffers = {key: entry.tokens for key, entry in model.step_graphs.captured.items()}
+    serving.speculative_generate(model, PROMPTS, 10, drafters.NgramDrafter(), k=3, use_kernels=True, use_graphs=True, cache_tokens=needed)
+    assert model.layers[0].attention.k_cache is cache
+    assert all(model.step_graphs.captured[key].tokens is tokens for key, tokens in buffers.items())
+    # A run needing a longer cache gets a new one, and the buffers bound to the old one are dropped.
+    serving.speculative_generate(model, PROMPTS, 10, drafters.NgramDrafter(), k=3, use_kernels=True, use_graphs=True,
+                         cache_tokens=needed + 64)
+    assert model.layers[0].attention.k_cache is not cache
+    assert all(model.step_graphs.captured[key].tokens is not tokens for key, tokens in buffers.items()
+               if key in model.step_graphs.captured)
+    graphs.disable_graphs(model)
+
+
+def test_graphs_need_the_kernel_path():
+    with pytest.raises(ValueError, match="use_kernels"):
+        serving.speculative_generate(small_model(), PROMPTS[:1], 2, None, use_kernels=False, use_graphs=True)

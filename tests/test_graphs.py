@@ -10,6 +10,7 @@ pytest.importorskip("triton")
 import spec_kernels  # noqa: E402
 from conftest import KERNEL_DEVICE, small_kernel_model as small_model  # noqa: E402
 from profiler.engine import drafters, graphs, serving  # noqa: E402
+from profiler.engine.model import KernelLayout  # noqa: E402
 from profiler.engine.tree import TreeShape  # noqa: E402
 
 if KERNEL_DEVICE == "cpu" and not spec_kernels.INTERPRET:
@@ -44,7 +45,7 @@ def test_padded_static_buffers_give_the_eager_kernel_paths_tokens(make):
     assert graphed.cuda_graphs == (KERNEL_DEVICE == "cuda") and not eager.cuda_graphs   # the CPU: no graph
     assert graphed.outputs == eager.outputs
     assert [s.accepted for s in graphed.steps] == [s.accepted for s in eager.steps]
-    assert {rows for rows, _, _ in model.step_graphs.captured} == {1, 2, 4, 6}
+    assert {rows for rows, _ in model.step_graphs.captured} == {1, 2, 4, 6}
     graphs.disable_graphs(model)
 
 
@@ -69,3 +70,36 @@ def test_a_warm_up_sized_like_the_run_keeps_its_cache_and_buffers_for_the_run():
 def test_graphs_need_the_kernel_path():
     with pytest.raises(ValueError, match="use_kernels"):
         serving.speculative_generate(small_model(), PROMPTS[:1], 2, None, use_kernels=False, use_graphs=True)
+
+
+def test_a_timer_sees_each_graphed_forward_once_and_no_module_hook_fires_inside_one():
+    # The calibration's host-time fit times forwards by the model's hooks; a graphed step is timed by
+    # the replay hooks instead (a module hook's synchronize inside a capture would end it).
+    from profiler.calibrate.timing import timed_forwards
+
+    model = small_model()
+    graphs.enable_graphs(model)
+    with timed_forwards(model) as seconds:
+        run = serving.speculative_generate(model, PROMPTS[:2], 6, drafters.NgramDrafter(), k=2, use_kernels=True,
+                                           use_graphs=True)
+    steps = len({s.step for s in run.steps})
+    assert len(seconds) == 1 + steps                   # the prompts' one forward, then one a step
+    assert model.step_graphs.replay_hooks == []
+    graphs.disable_graphs(model)
+
+
+def test_exact_rows_captures_the_rows_asked_and_the_hidden_states_come_back():
+    model = small_model()
+    model.setup_cache(8, 64)
+    graphs.enable_graphs(model, exact_rows=True)
+    model.keep_hidden = True
+    tokens = torch.arange(15).reshape(5, 3) % 97
+    positions = torch.arange(3).expand(5, 3) + 10
+    kernel = KernelLayout(torch.full((5,), 13, dtype=torch.int32), graphs.chain_mask(3, "cpu").expand(5, 3, 3))
+    logits = graphs.forward_new_tokens(model, tokens, positions, positions, kernel, torch.arange(3).expand(5, 3))
+    assert set(model.step_graphs.captured) == {(5, 3)}
+    hidden = model.kept_hidden
+    graphs.disable_graphs(model)
+    eager = model(tokens, positions, slots=positions, kernel=kernel, logits_at=torch.arange(3).expand(5, 3))
+    torch.testing.assert_close(logits, eager)
+    torch.testing.assert_close(hidden, model.kept_hidden)

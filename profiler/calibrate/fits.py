@@ -100,7 +100,7 @@ class EngineProbe:
         if self.device == "cuda":       # the engine's decoding replays graphs there; their replays are timed
             from profiler.engine.graphs import enable_graphs
 
-            enable_graphs(self.model)
+            enable_graphs(self.model, exact_rows=True)
         with timed_forwards(self.model, self.sync) as forward_s:
             for batch in self.batches:
                 prompts = torch.randint(0, self.config.vocab, (batch, prompt_tokens), generator=self.generator).tolist()
@@ -186,14 +186,15 @@ class EngineProbe:
 
     def graphed_forward(self, tokens, positions, kv: int):
         """A decode or verify forward as the engine runs it on CUDA: the query's tokens at the
-        consecutive slots below kv, in the attention kernel's layout, replayed from a CUDA graph
-        (captured on first use, and again whenever the timing cache is replaced)."""
+        consecutive slots below kv, in the attention kernel's layout, its layers replayed from a
+        CUDA graph of exactly `batch` rows (the engine pads to its capture sizes; the tables price
+        the batch as it is), captured on first use and again whenever the timing cache is replaced."""
         import torch
 
         from profiler.engine.graphs import chain_mask, enable_graphs, forward_new_tokens
         from profiler.engine.model import KernelLayout
 
-        enable_graphs(self.model)
+        enable_graphs(self.model, exact_rows=True)
         batch, query = tokens.shape
         device = tokens.device
         kernel = KernelLayout(torch.full((batch,), kv, dtype=torch.int32, device=device),

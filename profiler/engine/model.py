@@ -245,6 +245,8 @@ class Llama(nn.Module):
             for layer in self.layers:
                 layer.attention.block_max = layer.attention.block_min = None
             return
+        if self.step_graphs is not None:
+            self.step_graphs.drop()           # bound to the cache about to go
         for layer in self.layers:
             shape = (batch, c.kv_heads, max_seq, c.head_dim)
             layer.attention.k_cache = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
@@ -254,9 +256,10 @@ class Llama(nn.Module):
             layer.attention.block_max = layer.attention.block_min = None
 
     def _cache_holds(self, batch: int, max_seq: int) -> bool:
-        """Whether the current cache has exactly `batch` rows and at least `max_seq` slots."""
+        """Whether the current cache is exactly [batch, H_kv, max_seq, D] in the weights' dtype and
+        device (a longer one would change the attention kernel's splits, and so its time)."""
         k, weight = self.layers[0].attention.k_cache, self.lm_head.weight
-        return (k is not None and k.shape[0] == batch and k.shape[2] >= max_seq and k.dtype == weight.dtype
+        return (k is not None and k.shape[0] == batch and k.shape[2] == max_seq and k.dtype == weight.dtype
                 and k.device == weight.device)
 
     def forward(self, tokens: Tensor, positions: Tensor, mask: Tensor | None = None, slots: Tensor | None = None,
@@ -281,19 +284,31 @@ class Llama(nn.Module):
         first_row: the rows are cache rows first_row.. (default 0..B-1): a served request prefills
         its prompt in its own row while the rows below it decode.
         """
+        x = self.hidden_states(tokens, positions, mask, slots, exit_layer, partial, kernel, prompt, first_row)
+        return self.logits(x, logits_from, logits_at)
+
+    def hidden_states(self, tokens: Tensor, positions: Tensor, mask: Tensor | None = None, slots: Tensor | None = None,
+                      exit_layer: int | None = None, partial: PartialStep | None = None,
+                      kernel: KernelLayout | None = None, prompt: bool = False, first_row: int = 0) -> Tensor:
+        """The decoder layers of `forward` (its arguments): [B, T, hidden], before the final norm,
+        also left in kept_hidden with keep_hidden. What a CUDA graph captures (profiler.engine.graphs);
+        `logits` then runs eagerly, as vLLM computes logits outside its graphs."""
         if prompt and (mask is not None or kernel is not None or partial is not None):
             raise ValueError("a prompt forward takes no mask, kernel layout or partial step")
         # The kernel takes its layout, not a mask: building the default one would read positions back.
         x, cache_index, rotation, mask = self.embed_inputs(tokens, positions, mask, slots,
                                                            causal=not prompt and kernel is None)
-        B = tokens.shape[0]
         for layer in self.layers[:exit_layer]:
             x = layer(x, cache_index, rotation, mask, partial, kernel, first_row)
         if self.keep_hidden:
             self.kept_hidden = x
+        return x
+
+    def logits(self, x: Tensor, logits_from: int = 0, logits_at: Tensor | None = None) -> Tensor:
+        """fp32 logits [B, L, vocab] of hidden states x [B, T, hidden] (`forward`'s logits_from, logits_at)."""
         if logits_at is not None:
             at = logits_at if logits_at.dim() == 2 else logits_at[:, None]
-            x = x[torch.arange(B, device=x.device)[:, None], at]
+            x = x[torch.arange(x.shape[0], device=x.device)[:, None], at]
         else:
             x = x[:, logits_from:]
         return self.lm_head(self.norm(x)).float()

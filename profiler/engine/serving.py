@@ -96,16 +96,19 @@ def speculative_generate(model: Llama, prompts: list[list[int]], max_new_tokens:
                          k: int = 4, eos_id: int | None = None, sampler: Sampler | None = None,
                          tree: TreeShape | None = None, partial: PartialSpec | None = None,
                          use_kernels: bool | None = None, policy: StepPolicy | None = None,
-                         use_graphs: bool | None = None, cache_tokens: int = 0, mark_steps: bool = False) -> Generation:
+                         use_graphs: bool | None = None, cache_tokens: int = 0, mark_steps: bool = False,
+                         rows: int | None = None) -> Generation:
     """Generation of every prompt as one static batch (prefilled in one forward, decoded until its
     last request finishes, each request leaving the step it finishes), greedy (or sampled with
     `sampler`); speculative when `drafter` is given, drafting a chain of k or `tree`; SpecPV
     partial verification with `partial`. use_kernels: verification attention by spec_kernels.attention
     (default: on CUDA; on the CPU it needs TRITON_INTERPRET=1 and runs the Triton code
     interpreted, for tests); policy: the drafts each step (profiler.engine.policy); use_graphs,
-    cache_tokens, mark_steps: as `serve`."""
+    cache_tokens, mark_steps: as `serve`; rows: the KV cache's rows (default: one per prompt), the
+    same for every batch of a run, so that a short last batch keeps the cache and its graphs."""
     B = len(prompts)
-    return serve(model, prompts, max_new_tokens, drafter, ServeSpec(max_batch=B, static=True, concurrency=B), k, eos_id,
+    return serve(model, prompts, max_new_tokens, drafter, ServeSpec(max_batch=max(rows or B, B), static=True,
+                                                                    concurrency=B), k, eos_id,
                  sampler, tree, partial, use_kernels, policy, use_graphs, cache_tokens, mark_steps)
 
 

@@ -47,8 +47,10 @@ def shadow_model(target: Llama, bits: int = 4, group_size: int = 64, use_kernels
     if use_kernels is None:
         use_kernels = target.lm_head.weight.is_cuda
     graphs, target.step_graphs = target.step_graphs, None        # captured graphs are not copied
-    shadow = copy.deepcopy(target)
-    target.step_graphs = graphs
+    try:
+        shadow = copy.deepcopy(target)
+    finally:
+        target.step_graphs = graphs
     shadow.embed, shadow.norm, shadow.lm_head = target.embed, target.norm, target.lm_head
     for mine, theirs in zip(shadow.layers, target.layers):
         mine.attention_norm, mine.ffn_norm = theirs.attention_norm, theirs.ffn_norm

@@ -49,7 +49,7 @@ def record_continuations(model: Llama, prompts: list[list[int]], max_new_tokens:
     for first in range(0, len(prompts), batch):
         chunk = prompts[first:first + batch]
         generation = speculative_generate(model, chunk, max_new_tokens + lookahead, None, eos_id=eos_id,
-                                          cache_tokens=cache_tokens)
+                                          cache_tokens=cache_tokens, rows=batch)
         for prompt, output in zip(chunk, generation.outputs):
             records.setdefault(tuple(prompt), output)
     return records

@@ -24,6 +24,7 @@ def count_launches(run_pass: Callable[[], object], cuda: bool) -> dict:
     (module docstring) and what was counted."""
     from torch.profiler import ProfilerActivity, profile
 
+    from profiler.engine.graphs import CAPTURE_RANGE
     from profiler.engine.serving import STEP_RANGE
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -34,9 +35,11 @@ def count_launches(run_pass: Callable[[], object], cuda: bool) -> dict:
     if not steps:
         return {"profiled_steps": 0, "launches_per_step": None, "launches_counted": CUDA_COUNTED if cuda else CPU_COUNTED}
     if cuda:
+        # A graph captured in the pass (none after a warm-up) is not a step's work.
         spans = sorted((e.time_range.start, e.time_range.end) for e in steps)
-        inside = [e for e in events if e.name in LAUNCH_CALLS and _within(e.time_range.start, spans)]
-        counted = len(inside)
+        captures = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == CAPTURE_RANGE)
+        counted = sum(1 for e in events if e.name in LAUNCH_CALLS and _within(e.time_range.start, spans)
+                      and not _within(e.time_range.start, captures))
     else:
         step_ids = {id(e) for e in steps}
         counted = sum(1 for e in events if e.cpu_parent is not None and id(e.cpu_parent) in step_ids)

@@ -177,7 +177,8 @@ def run_batches(model, prompts: list[list[int]], settings: LiveConfig, drafter, 
         runs.append((first, speculative_generate(model, prompts[first:first + settings.batch], settings.max_new_tokens,
                                                  drafter, k=settings.k, eos_id=eos_id, sampler=sampler, tree=tree,
                                                  partial=partial, policy=policy, use_graphs=uses_graphs(settings),
-                                                 cache_tokens=cache_tokens, mark_steps=mark_steps)))
+                                                 cache_tokens=cache_tokens, mark_steps=mark_steps,
+                                                 rows=settings.batch)))
     return runs
 
 
@@ -219,6 +220,12 @@ def warm_up(model, prompts: list[list[int]], settings: LiveConfig, drafter, eos_
         run_batches(model, prompts[:settings.batch], warm, drafter, eos_id, "warm-up", cache_tokens=cache_tokens)
         if drafter is not None and (settings.baseline or settings.check_lossless):
             run_batches(model, prompts[:settings.batch], warm, None, eos_id, "warm-up", cache_tokens=cache_tokens)
+        if drafter is not None and settings.policy != "static" and uses_graphs(settings):
+            # A policy's steps verify 1 .. k + 1 tokens (a tree: 1 or all of it): every one of
+            # those shapes captured now, not while the run is timed.
+            shapes = range(1, settings.k + 2) if settings.tree is None else (1, 1 + settings.tree[0] * settings.tree[1])
+            for T in shapes:
+                model.step_graphs.prepare(T)
 
 
 def run_live(settings: LiveConfig, models: dict | None = None, quiet: bool = False) -> None:
@@ -275,6 +282,9 @@ def run_live(settings: LiveConfig, models: dict | None = None, quiet: bool = Fal
         raise InputError("--budget", f"{settings.budget} is not below the context ({longest} prompt tokens)")
     drafter = make_drafter(settings, model, dtype)
     depth = settings.tree[1] if settings.tree is not None else settings.k
+    # The probe before the passes that set the run's cache up (and the CUDA graphs bound to it),
+    # which the probe's own caches would replace.
+    probe = {"before": measure_probe(model, config, settings.device, settings.seed)} if settings.probe else None
     if settings.method == "synthetic":     # the target's own greedy continuations: untimed, unrecorded
         from profiler.engine.synthetic import record_continuations
 
@@ -284,18 +294,18 @@ def run_live(settings: LiveConfig, models: dict | None = None, quiet: bool = Fal
     warm_up(model, prompts, settings, drafter, tok.eos_id, cache_tokens)
     if settings.method == "synthetic":
         drafter.reset()                    # the run draws from the seed and counts from zero, warm-up or not
-    probe = {"before": measure_probe(model, config, settings.device, settings.seed)} if settings.probe else None
     speculative = run_batches(model, prompts, settings, drafter, tok.eos_id, settings.method, policy, cache_tokens)
     baseline = None
     if settings.baseline or settings.check_lossless:
         baseline = (speculative if settings.method == "none"
                     else run_batches(model, prompts, settings, None, tok.eos_id, "baseline", cache_tokens=cache_tokens))
+    drafter_summary = {"synthetic": drafter.summary(depth)} if settings.method == "synthetic" else None
+    # On the run's cache and graphs, before the probe replaces them.
+    execution = count_step_launches(model, prompts, settings, drafter, tok.eos_id, cache_tokens, speculative)
     if probe is not None:
         probe["after"] = measure_probe(model, config, settings.device, settings.seed)
         probe["shapes"] = probe["before"].pop("shapes")
         probe["after"].pop("shapes")
-    drafter_summary = {"synthetic": drafter.summary(depth)} if settings.method == "synthetic" else None
-    execution = count_step_launches(model, prompts, settings, drafter, tok.eos_id, cache_tokens, speculative)
     write_run(settings, rows, prompts, tok, loaded, speculative, baseline, quiet, probe, drafter_summary, execution)
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.errors import InputError
-from sim.scenario.schema import Acceptance, Disagreement, Scenario
+from sim.scenario.schema import Acceptance, Scenario
 from sim.traces import numeric_column, read_table
 
 CONTEXT_REFERENCE_TOKENS = 1024
@@ -48,6 +48,23 @@ class AcceptanceModel:
         """[depth] mean P(accepted >= j), j = 1..depth, over requests and steps: what a goodput
         policy expects of a step before drawing it."""
         raise NotImplementedError
+
+    # A replayed live run whose recorded steps that drafted nothing were plain decode steps (a live
+    # policy's): priced as such, and not counted among the verification steps.
+    plain_steps = False
+
+    @property
+    def verify_tokens(self):
+        """(rids, steps) -> [n] tokens each request verifies at its step (its proposal + 1), where
+        drafters propose fewer than the full depth at some steps; None when every step verifies the
+        full proposal."""
+        return None
+
+    @property
+    def rolled_back(self):
+        """(rids, steps) -> [n] tokens a SpecPV rectify rolled back at the request's step (a replayed
+        live run's own); None to draw them from the disagreement model."""
+        return None
 
 
 class ConstantAcceptance(AcceptanceModel):
@@ -318,11 +335,3 @@ def base_acceptance(a: Acceptance, depth: int, requests: int, rng: np.random.Gen
         return GeometricAcceptance(a.rate, depth, rng)
     rates = a.per_position if a.per_position is not None else [a.rate] * depth
     return SurvivalAcceptance(rates, depth, a.request_spread, a.context_slope, requests, rng)
-
-
-def disagreement_probability(d: Disagreement, budget_tokens: int, static_tokens: int,
-                             context: np.ndarray) -> np.ndarray:
-    """SpecPV: chance that a token accepted under partial attention differs from full attention."""
-    p = (d.per_token * (d.at_budget / budget_tokens) ** d.budget_exponent
-         * (np.maximum(context, 1) / d.at_context) ** d.context_exponent)
-    return np.where(context > static_tokens, np.minimum(p, 1.0), 0.0)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from sim.cost.batch import DECODE, DRAFT, VERIFY, PHASES, Group, uniform_group
 from sim.cost.memory import draft_offloaded_layers, plan_memory
-from sim.cost.calibrated import cost_model_for
+from sim.cost.model import cost_model_for
 from sim.cost.stack import build_stacks
 from sim.scenario.schema import Scenario, load_scenario
 

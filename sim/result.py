@@ -8,10 +8,37 @@ from functools import cached_property
 import numpy as np
 
 from sim.cost.batch import PHASES
-from sim.pipeline import RunRecord
 from sim.scenario.schema import Scenario
 
 PERCENTILES = (50, 90, 99)
+
+
+@dataclass
+class RunRecord:
+    """What one simulated run produced, before metrics are computed from it."""
+    first_token_s: np.ndarray
+    finish_s: np.ndarray
+    arrival_s: np.ndarray
+    output_tokens: np.ndarray
+    step_s: list[float] = field(default_factory=list)          # per iteration
+    decoding: list[int] = field(default_factory=list)          # decoding requests per iteration
+    committed: list[np.ndarray] = field(default_factory=list)  # tokens committed per request-step
+    phase_s: list[float] = field(default_factory=lambda: [0.0] * len(PHASES))
+    peak_kv_tokens: int = 0
+    # Adaptive policies only: tokens each iteration's requests drafted (0: speculation off; the
+    # oracle's: the mean of its rows').
+    drafted_k: list[float] = field(default_factory=list)
+    lookup_share: float | None = None      # route, combine: request-steps verifying prompt lookup's proposal
+    partial_accepted_tokens: int = 0       # SpecPV: tokens accepted under partial verification
+    divergent_tokens: float = 0.0          # expected tokens that differ from full verification
+    rolled_back_tokens: int = 0            # SpecPV rectify: tokens discarded at a full verification
+    partial_steps: int = 0                 # SpecPV: request-steps verified against the partial KV
+    full_verifications: int = 0            # SpecPV: request-steps verified against the full KV
+    preemptions: int = 0
+    # Decode-only accounting, as long-context papers measure it: iterations that prefill nothing,
+    # and the output tokens they commit (nothing of an iteration with a prefill chunk counts).
+    decode_only_s: float = 0.0
+    decode_only_tokens: int = 0
 
 
 def percentiles_ms(values_s: np.ndarray, weights: np.ndarray | None = None) -> dict[str, float]:

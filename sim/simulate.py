@@ -8,7 +8,7 @@ import numpy as np
 from sim.acceptance import build_acceptance
 from sim.formats.provenance import git_revision, repo_relative, versions
 from sim.cost.memory import GB, plan_memory
-from sim.cost.calibrated import cost_model_for
+from sim.cost.model import cost_model_for
 from sim.cost.stack import build_stacks
 from sim.lanes import build_lanes
 from sim.pipeline import PipelineSimulation
@@ -36,7 +36,7 @@ def simulate(scenario: Scenario | dict | str | Path, acceptance=None, baseline_c
     if baseline_only:
         planned = planned[:1]
 
-    runs, memories, warnings = {}, {}, []
+    runs, memories, warnings, origins = {}, {}, [], {}
     for name, config, stacks, memory in planned:
         key = None
         if name == "baseline" and baseline_cache is not None and acceptance is None:
@@ -46,7 +46,8 @@ def simulate(scenario: Scenario | dict | str | Path, acceptance=None, baseline_c
                 warnings += [w for w in cost_warnings if w not in warnings]
                 continue
         record, cost = run_pipeline(config, requests, stacks, memory, acceptance)
-        cost_warnings = list(getattr(cost, "warnings", []))
+        cost_warnings = list(cost.warnings)
+        origins[name] = cost.origins()
         warnings += [w for w in cost_warnings if w not in warnings]
         runs[name] = (record, summarize(record, scenario))
         memories[name] = (memory, record)
@@ -79,7 +80,7 @@ def simulate(scenario: Scenario | dict | str | Path, acceptance=None, baseline_c
         }
     speculative = runs["speculative"][1] if "speculative" in runs else None
     return Result(scenario, speculative, runs["baseline"][1], memory_info, partial_info,
-                  provenance(scenario, warnings))
+                  provenance(scenario, warnings, origins.get("speculative") or origins.get("baseline")))
 
 
 
@@ -112,14 +113,15 @@ def run_pipeline(config: Scenario, requests: Requests, stacks, memory, build=Non
     """One SimPy run of one configuration, and the cost model that priced it; acceptance and
     engine draws seeded by the scenario. build: replaces build_acceptance (see simulate)."""
     cost = cost_model_for(config)
-    acceptance = None
+    acceptance = lanes = None
     if config.speculation.enabled:
         acceptance = (build or build_acceptance)(config, len(requests), np.random.default_rng([config.seed, 2]))
         if config.speculation.policy.second_drafters:
-            # route, combine: the drafter beside the method, chosen per request and step
-            acceptance = build_lanes(config, requests, acceptance, np.random.default_rng([config.seed, 4]))
+            # route, combine: the drafter beside the method, chosen per request and step; the lanes
+            # draw each row's acceptance from its own drafter's
+            acceptance = lanes = build_lanes(config, requests, acceptance, np.random.default_rng([config.seed, 4]))
     pipeline = PipelineSimulation(config, requests, cost, stacks, memory, acceptance,
-                                  np.random.default_rng([config.seed, 3]))
+                                  np.random.default_rng([config.seed, 3]), lanes=lanes)
     return pipeline.run(), cost
 
 
@@ -133,7 +135,9 @@ def bundle_provenance(path) -> dict:
             "held_out_median_error": (meta.get("held_out") or {}).get("median_abs_error")}
 
 
-def provenance(scenario: Scenario, warnings: list[str] | None = None) -> dict:
+def provenance(scenario: Scenario, warnings: list[str] | None = None, cost_origins: dict | None = None) -> dict:
+    """cost_origins: where the speculative run's prices came from, per stack and for the host
+    (sim/cost/model.py CostModel.origins; the baseline's when it alone ran from this call)."""
     bundle = None if scenario.calibration is None else bundle_provenance(scenario.calibration)
     return {
         "device": scenario.hardware_spec.name,
@@ -143,6 +147,7 @@ def provenance(scenario: Scenario, warnings: list[str] | None = None) -> dict:
         "cost_model": "roofline" if scenario.calibration is None else f"calibrated:{repo_relative(scenario.calibration)}",
         "calibration": bundle,
         "warnings": warnings or [],
+        "cost_origins": cost_origins or {},
         "seed": scenario.seed,
         "git_revision": git_revision(),
         "versions": versions(),

@@ -2,8 +2,9 @@
 that chooses k as it runs (`profiler live --policy goodput`).
 
 A live engine's goodput policy and the simulated one must weigh k with the same prices, so this
-module prices through the simulator's engine (PipelineSimulation.price_decode_steps) with the
-given requests' contexts in its decode slots, not through a second copy of the pricing.
+module prices through the simulator's own step planner and pricer (sim/step.py: plan_step, price,
+price_decode_steps), with the given requests' contexts in its decode slots, not through a second
+copy of the pricing.
 """
 from __future__ import annotations
 
@@ -11,14 +12,13 @@ from typing import Sequence
 
 import numpy as np
 
-from sim.acceptance import build_acceptance
-from sim.cost.calibrated import cost_model_for
+from sim.cost.model import cost_model_for
 from sim.cost.memory import plan_memory
 from sim.cost.stack import build_stacks
-from sim.pipeline import PipelineSimulation
 from sim.policy import expected_tokens
 from sim.scenario.schema import Scenario, load_scenario
-from sim.workload import Requests
+from sim.slots import DecodeSlots
+from sim.step import price_decode_steps, step_config
 
 
 class DecodeStepPricer:
@@ -34,23 +34,17 @@ class DecodeStepPricer:
         if scenario.speculation.policy.goodput is None:
             raise ValueError("DecodeStepPricer prices a goodput policy's candidates")
         self.max_k = scenario.speculation.num_speculative_tokens
-        requests = Requests(arrival_s=np.full(max_batch, np.nan), prompt_tokens=np.full(max_batch, max_context),
-                            output_tokens=np.ones(max_batch, dtype=np.int64), closed_concurrency=max_batch)
         stacks = build_stacks(scenario)
         memory = plan_memory(scenario, stacks, max_context + scenario.speculation.verify_tokens, max_batch)
-        rng = np.random.default_rng([scenario.seed, 2])
-        self.pipeline = PipelineSimulation(scenario, requests, cost_model_for(scenario), stacks, memory,
-                                           build_acceptance(scenario, max_batch, rng), rng)
+        self.cost = cost_model_for(scenario)
+        # An engine drafting k at every drafting step: no rows proposing fewer, no replayed plain steps.
+        self.steps = step_config(scenario, stacks, memory, self.cost, speculative=True)
+        rows = scenario.scheduler.max_batch
+        self.slots = DecodeSlots(min(rows, memory.max_running or rows))
 
     def seconds(self, contexts: Sequence[int], survival: np.ndarray) -> np.ndarray:
         """[K + 1] seconds of the step at k = 0..K; survival: [K] P(accepted >= j) the engine
         expects (a drafter with its own KV catches up on what a step commits)."""
-        p, s = self.pipeline, self.pipeline.slots
-        n = len(contexts)
-        s.n = n
-        s.ctx[:n] = contexts
-        s.last[:n] = 1
-        s.steps[:n] = 0
-        p.ctx_sum, p.last_sum = int(s.ctx[:n].sum()), n
-        p.policy.expected_tokens = expected_tokens(survival, self.max_k)
-        return np.asarray(p.price_decode_steps(range(self.max_k + 1)))
+        self.slots.hold(contexts)
+        return np.asarray(price_decode_steps(self.steps, self.cost, self.slots, len(contexts),
+                                             range(self.max_k + 1), expected_tokens(survival, self.max_k)))

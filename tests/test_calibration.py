@@ -113,7 +113,7 @@ def test_calibrated_prediction_differs_from_roofline_and_is_deterministic():
 
 def test_calibrated_costs_grow_with_batch_and_context():
     from sim.cost.batch import DECODE, PHASES, uniform_group
-    from sim.cost.calibrated import cost_model_for
+    from sim.cost.model import cost_model_for
     from sim.cost.stack import build_stacks
     from sim.scenario.schema import load_scenario
 
@@ -187,16 +187,18 @@ def test_forward_factor_is_the_measured_ratios_interpolated_between_their_shapes
     assert 1.02 < factor(2, 256) < 1.40 and factor(64, 256) == pytest.approx(1.02)
     assert factor(1, 64) == pytest.approx(1.05) and factor(4, 16384) == pytest.approx(1.00)
     # The cost model multiplies a decode forward by it.
-    from sim.cost.calibrated import cost_model_for
+    from sim.cost.model import cost_model_for
     from sim.scenario.schema import load_scenario
 
+    from sim.cost.stack import build_stacks
+
     scenario = load_scenario(smollm2_scenario(calibration=str(bundle)))
-    assert cost_model_for(scenario).forward_factor(1, 256) == pytest.approx(1.05)
+    assert cost_model_for(scenario).pricer(build_stacks(scenario).target).forward_factor(1, 256) == pytest.approx(1.05)
 
 
 def test_selection_is_priced_by_its_own_factor_measured_in_forwards(tmp_path):
     from sim.cost.batch import PHASES
-    from sim.cost.calibrated import cost_model_for
+    from sim.cost.model import cost_model_for
     from sim.cost.stack import build_stacks
     from sim.scenario.schema import load_scenario
 
@@ -384,7 +386,7 @@ def test_calibrate_writes_a_complete_bundle(tiny_bundle):
 def test_whole_prompts_read_the_prompt_table_and_chunks_after_a_prefix_the_prefill_table(tiny_bundle, tmp_path):
     import pandas as pd
 
-    from sim.cost.calibrated import cost_model_for
+    from sim.cost.model import cost_model_for
     from sim.cost.stack import build_stacks
     from sim.scenario.schema import load_scenario
 
@@ -392,7 +394,7 @@ def test_whole_prompts_read_the_prompt_table_and_chunks_after_a_prefix_the_prefi
 
     def priced(bundle):
         scenario = load_scenario({"hardware": "cpu", "model": str(config), "dtype": "fp32", "calibration": str(bundle)})
-        return cost_model_for(scenario).priced(build_stacks(scenario).target)
+        return cost_model_for(scenario).pricer(build_stacks(scenario).target)
 
     bundle = load_bundle(out)
     p = priced(out)

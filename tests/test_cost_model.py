@@ -3,7 +3,8 @@ import pytest
 
 from conftest import UNIT_ENGINE, UNIT_HARDWARE
 from sim.cost.batch import DECODE, PARTIAL, PHASES, PREFILL, TRANSFER, VERIFY, FULL, Group, uniform_group
-from sim.cost.roofline import ALLREDUCE_LATENCY_S, RooflineCostModel
+from sim.cost.model import calibrated_cost_model, cost_model_for
+from sim.cost.roofline import ALLREDUCE_LATENCY_S
 from sim.cost.stack import build_stacks
 from sim.scenario.schema import load_scenario
 
@@ -21,7 +22,7 @@ def shares():
 def test_decode_of_one_token_is_every_byte_over_bandwidth(tiny_config):
     # Tiny model: hidden 4, 2 query heads and 1 KV head of dim 2, FFN 8, vocab 10, bf16.
     scenario = unit_scenario(tiny_config)
-    cost = RooflineCostModel(scenario)
+    cost = cost_model_for(scenario)
     target = build_stacks(scenario).target
     # Linears (in x out): qkv 4x8, o 4x4, gate_up 4x16, down 8x4. At one token each is memory-bound:
     # weights in*out*2 bytes plus activations (in+out)*2 bytes.
@@ -42,7 +43,7 @@ def test_decode_of_one_token_is_every_byte_over_bandwidth(tiny_config):
 
 def test_prefill_prices_each_operator_on_its_own_roofline(tiny_config):
     scenario = unit_scenario(tiny_config)
-    cost = RooflineCostModel(scenario)
+    cost = cost_model_for(scenario)
     target = build_stacks(scenario).target
     T = 100_000
     roof = lambda flops, bytes_: max(flops / 1e12, bytes_ / 1e9)
@@ -65,9 +66,9 @@ def test_prefill_prices_each_operator_on_its_own_roofline(tiny_config):
 def test_tensor_parallel_halves_weights_and_adds_two_allreduces_per_layer(tiny_config):
     one = unit_scenario(tiny_config)
     two = unit_scenario(tiny_config, tensor_parallel=2)
-    t1 = RooflineCostModel(one).forward(build_stacks(one).target, [uniform_group(DECODE, 1, 1, 0)], shares())
+    t1 = cost_model_for(one).forward(build_stacks(one).target, [uniform_group(DECODE, 1, 1, 0)], shares())
     stacks2 = build_stacks(two)
-    cost2 = RooflineCostModel(two)
+    cost2 = cost_model_for(two)
     t2 = cost2.forward(stacks2.target, [uniform_group(DECODE, 1, 1, 0)], shares())
     # Ring all-reduce of 4 hidden x 2 bytes over 1 GB/s: latency + 2 (tp-1)/tp x 8 bytes / 1e9.
     allreduce_s = ALLREDUCE_LATENCY_S + 8 / 1e9
@@ -77,7 +78,7 @@ def test_tensor_parallel_halves_weights_and_adds_two_allreduces_per_layer(tiny_c
 
 def test_partial_verification_reads_only_its_budget(tiny_config):
     scenario = unit_scenario(tiny_config)
-    cost = RooflineCostModel(scenario)
+    cost = cost_model_for(scenario)
     target = build_stacks(scenario).target
     full = cost.forward(target, [uniform_group(VERIFY, 4, 4, 4 * 50_000)], shares())
     partial = cost.forward(target, [uniform_group(PARTIAL, 4, 4, 4 * 2_000)], shares())
@@ -90,19 +91,19 @@ def test_offloaded_weights_stream_once_per_forward_and_overlap_with_compute(tiny
     group = [uniform_group(DECODE, 1, 1, 10)]
     no_overlap = unit_scenario(tiny_config, offload={"weights": 1.0, "overlap": False})
     stack = build_stacks(no_overlap).target
-    base = RooflineCostModel(no_overlap).forward(stack, group, shares())
+    base = cost_model_for(no_overlap).forward(stack, group, shares())
     s = shares()
-    streamed = RooflineCostModel(no_overlap).forward(stack, group, s, offloaded_layers=1)
+    streamed = cost_model_for(no_overlap).forward(stack, group, s, offloaded_layers=1)
     assert streamed - base == pytest.approx(layer_bytes / 0.5e9, rel=1e-9)
     assert s[TRANSFER] == pytest.approx(layer_bytes / 0.5e9, rel=1e-9)
     overlap = unit_scenario(tiny_config, offload={"weights": 1.0, "overlap": True})
-    overlapped = RooflineCostModel(overlap).forward(stack, group, shares(), offloaded_layers=1)
+    overlapped = cost_model_for(overlap).forward(stack, group, shares(), offloaded_layers=1)
     assert overlapped == pytest.approx(max(base, layer_bytes / 0.5e9), rel=1e-9)
 
 
 def test_selection_reads_summaries_and_gathers_the_budget(tiny_config):
     scenario = unit_scenario(tiny_config)
-    cost = RooflineCostModel(scenario)
+    cost = cost_model_for(scenario)
     target = build_stacks(scenario).target
     s = shares()
     seconds = cost.selection(target, requests=1, context_sum=1600, query_tokens_sum=4, budget_tokens=320,
@@ -115,7 +116,7 @@ def test_selection_reads_summaries_and_gathers_the_budget(tiny_config):
 
 def test_full_verify_group_pays_for_refed_tokens(tiny_config):
     scenario = unit_scenario(tiny_config)
-    cost = RooflineCostModel(scenario)
+    cost = cost_model_for(scenario)
     target = build_stacks(scenario).target
     plain = cost.forward(target, [uniform_group(VERIFY, 1, 4, 1000)], shares())
     refeed = cost.forward(target, [Group(FULL, 1, 24, 24, 1000, 24)], shares())
@@ -125,7 +126,6 @@ def test_full_verify_group_pays_for_refed_tokens(tiny_config):
 def black_box_cost(bundle: str, engine: str, dtype: str):
     """A one-request scenario priced by a committed black-box bundle: its cost model, the bundle, the target."""
     from conftest import REPO
-    from sim.cost.calibrated import CalibratedCostModel
     from sim.formats.bundle import load_bundle
 
     path = REPO / "calibration" / bundle
@@ -133,7 +133,7 @@ def black_box_cost(bundle: str, engine: str, dtype: str):
                               "calibration": str(path), "workload": {"concurrency": 1, "requests": 1,
                                                                      "prompt_tokens": 8, "output_tokens": 8}})
     bundle = load_bundle(path)
-    return CalibratedCostModel(scenario, bundle), bundle, build_stacks(scenario).target
+    return calibrated_cost_model(scenario, bundle), bundle, build_stacks(scenario).target
 
 
 def test_a_black_box_step_of_several_groups_pays_the_step_fixed_cost_once():
@@ -178,7 +178,6 @@ def test_a_black_box_eagle_head_is_priced_by_the_drafting_its_steps_add():
     prefill is engine_draft_prefill. A tree is not what vLLM's CPU build ran: roofline, said so."""
     from conftest import REPO
     from sim.cost.batch import DRAFT
-    from sim.cost.calibrated import CalibratedCostModel
     from sim.formats.bundle import load_bundle
 
     path = REPO / EAGLE_BUNDLE
@@ -190,7 +189,7 @@ def test_a_black_box_eagle_head_is_priced_by_the_drafting_its_steps_add():
     for k in (2, 4):
         scenario = load_scenario({**base, "speculation": {"method": "eagle", "num_speculative_tokens": k,
                                                           "acceptance": {"rate": 0.2}}})
-        cost = CalibratedCostModel(scenario, bundle)
+        cost = calibrated_cost_model(scenario, bundle)
         head = build_stacks(scenario).draft
         parts = shares()
         seconds = cost.forward(head, [uniform_group(DRAFT, 4, 1, int(4 * kv))], parts)
@@ -200,6 +199,53 @@ def test_a_black_box_eagle_head_is_priced_by_the_drafting_its_steps_add():
         assert not any("eagle" in w for w in cost.warnings)
     tree = load_scenario({**base, "speculation": {"method": "eagle", "tree": {"width": 2, "depth": 3},
                                                   "acceptance": {"rate": 0.2}}})
-    cost = CalibratedCostModel(tree, bundle)
+    cost = calibrated_cost_model(tree, bundle)
     cost.forward(build_stacks(tree).draft, [uniform_group(DRAFT, 4, 2, 4 * 600)], shares())
     assert any("stack eagle priced by the roofline model" in w for w in cost.warnings)
+
+
+def test_a_black_box_eagle_head_drafting_fewer_than_k_is_priced_at_the_steps_k(tmp_path):
+    """A policy drafting k = 2 of the scenario's K = 4 runs two head forwards whose drafting the
+    bundle timed at 3 verified tokens: engine_draft(n, 3, kv) in all, not 2/4 of engine_draft(n, 5,
+    kv), what a head priced at the scenario's K charged before the step's k reached the pricer.
+    (The committed bundle's drafting is linear in k, where the two agree: here a step's drafting
+    at 3 tokens is made to cost half as much again.)"""
+    import shutil
+
+    import pandas as pd
+
+    from conftest import REPO
+    from sim.cost.batch import DRAFT
+    from sim.cost.memory import plan_memory
+    from sim.formats.bundle import load_bundle
+    from sim.slots import DecodeSlots
+    from sim.step import plan_step, price, step_config
+
+    path = tmp_path / "bundle"
+    shutil.copytree(REPO / EAGLE_BUNDLE, path)
+    profile = pd.read_parquet(path / "profile.parquet")
+    profile.loc[(profile.op == "engine_draft") & (profile["query"] == 3), "seconds"] *= 1.5
+    profile.to_parquet(path / "profile.parquet")
+    bundle = load_bundle(path)
+    draft_table = bundle.table("engine_draft")
+    kv = 700
+    scenario = load_scenario({"hardware": "cpu", "model": "smollm2-135m", "dtype": "fp32", "engine": "vllm",
+                              "calibration": str(path),
+                              "workload": {"concurrency": 4, "requests": 4, "prompt_tokens": 8, "output_tokens": 8},
+                              "speculation": {"method": "eagle", "num_speculative_tokens": 4,
+                                              "acceptance": {"rate": 0.2}}})
+    cost = calibrated_cost_model(scenario, bundle)
+    stacks = build_stacks(scenario)
+    config = step_config(scenario, stacks, plan_memory(scenario, stacks, 1024, 4), cost, speculative=True)
+    slots = DecodeSlots(4)
+    slots.hold([kv] * 4)
+
+    def drafting_s(k: int) -> float:
+        parts = shares()
+        price(plan_step(config, config.shape(k), slots, 4), cost, parts)
+        return parts[DRAFT]
+
+    # The first head forward reads the context; the rest read the drafts too (a mean of k / 2 more).
+    assert drafting_s(2) == pytest.approx(draft_table(4, 3, kv) / 2 + draft_table(4, 3, kv + 1) / 2, rel=1e-12)
+    assert drafting_s(4) == pytest.approx(draft_table(4, 5, kv) / 4 + 3 * draft_table(4, 5, kv + 2) / 4, rel=1e-12)
+    assert drafting_s(2) > 1.4 * 2 / 4 * draft_table(4, 5, kv)      # what k = 2 was charged at K = 4

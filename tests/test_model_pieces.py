@@ -9,7 +9,8 @@ import pytest
 
 from sim.cost.batch import DRAFT, OVERHEAD, PHASES
 from sim.cost.memory import kv_bytes_per_token
-from sim.cost.roofline import RooflineCostModel
+from sim.cost.model import cost_model_for
+from sim.cost.roofline import RooflineRates
 from sim.cost.stack import build_stacks
 from sim.scenario import load_scenario
 from sim.scenario.presets import MODELS, load_hf_config
@@ -27,8 +28,8 @@ def scenario(**fields):
 
 
 def target_cost(s):
-    cost = RooflineCostModel(s)
-    return cost, cost._cost_of(build_stacks(s).target)
+    cost = cost_model_for(s)
+    return cost, cost.pricer(build_stacks(s).target).c
 
 
 def test_gemm_corner_is_the_smooth_maximum():
@@ -75,11 +76,11 @@ def test_fp8_and_int4_weights():
     assert fp8.weight_bytes == 1 and fp8.dtype_bytes == 2 and fp8.kv_bytes == 2
     assert fp8.gemm_dtype == "fp8"
     cost, c = target_cost(fp8)
-    assert cost.flops_s == pytest.approx(1978.9e12 * 0.65)
+    assert RooflineRates(fp8).flops_s == pytest.approx(1978.9e12 * 0.65)
     assert c.linears[0].weight_bytes == 4096 * (32 + 16) * 128 * 1
     on_a100 = scenario(dtype="fp8", hardware={"preset": "a100-80g", "gemm_corner": None})
     assert on_a100.gemm_dtype == "bf16"                           # no fp8 tensor cores: bytes only
-    assert RooflineCostModel(on_a100).flops_s == pytest.approx(312e12 * 0.65)
+    assert RooflineRates(on_a100).flops_s == pytest.approx(312e12 * 0.65)
     int4 = scenario(dtype="int4")
     assert int4.weight_bytes == pytest.approx(0.5 + 2.5 / 128) == INT4_WEIGHT_BYTES
     assert int4.gemm_dtype == "fp16"
@@ -126,11 +127,11 @@ def test_speculation_host_work():
     s = scenario(engine="hf-eager", speculation={"method": "eagle", "num_speculative_tokens": 5,
                                                  "acceptance": {"tokens_per_step": 3}})
     shares = [0.0] * len(PHASES)
-    seconds = RooflineCostModel(s).speculation_overhead(4, 5, shares)
+    seconds = cost_model_for(s).speculation_overhead(4, 5, shares)
     assert seconds == pytest.approx(0.5e-3 + 5 * 1e-3)
     assert shares[OVERHEAD] == pytest.approx(0.5e-3) and shares[DRAFT] == pytest.approx(5e-3)
     sglang = scenario(engine="sglang", speculation={"method": "eagle", "acceptance": {"tokens_per_step": 2}})
-    assert RooflineCostModel(sglang).speculation_overhead(10, 3, [0.0] * len(PHASES)) == pytest.approx(10 * 20e-6)
+    assert cost_model_for(sglang).speculation_overhead(10, 3, [0.0] * len(PHASES)) == pytest.approx(10 * 20e-6)
 
 
 def test_eagle_heads_and_tree_topk():
@@ -333,13 +334,13 @@ def test_a_draft_model_with_a_kv_budget_reads_only_its_window():
     assert build_stacks(scenario(speculation={"method": "streaming", "acceptance": {"rate": 0.6}})).draft.kv_window == 512
     # A full dump (every default written out) reloads to the same draft: no window appears.
     assert build_stacks(load_scenario(full.model_dump(mode="json"))).draft.kv_window is None
-    cost = RooflineCostModel(windowed)
+    cost = cost_model_for(windowed)
     draft = build_stacks(windowed).draft
-    c = cost._cost_of(draft)
+    c = cost.pricer(draft).c
     shares = [0.0] * len(PHASES)
     context = np.full(4, 8000)
     seconds = cost.forward_uniform(draft, DRAFT, 4, 1, int(context.sum()), shares, context=context)
-    shared, lm_head = cost.batch_terms_s(c, 4, 4)
+    shared, lm_head = cost.pricer(draft).rates.batch_terms_s(c, 4, 4)
     kv_s = 4 * 512 * c.attn_bytes_per_kv / c.bytes_s + 4 * c.attn_bytes_per_q / c.bytes_s
     assert seconds == pytest.approx(shared + lm_head + draft.layers * kv_s)
     tiny = MODELS["tinyllama-1.1b"]

@@ -3,7 +3,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import sim
 from sim.cost.batch import FULL, PARTIAL, PHASES, uniform_group
-from sim.cost.roofline import RooflineCostModel
+from sim.cost.model import cost_model_for
 from sim.cost.stack import build_stacks
 from sim.scenario.schema import load_scenario
 
@@ -59,7 +59,7 @@ def test_partial_verification_reads_fewer_bytes_than_full(model, batch, context,
     if static + since >= context:
         return
     scenario = load_scenario({"hardware": "h100-sxm", "model": model})
-    cost = RooflineCostModel(scenario)
+    cost = cost_model_for(scenario)
     target = build_stacks(scenario).target
     shares = [0.0] * len(PHASES)
     partial = cost.forward(target, [uniform_group(PARTIAL, batch, verify, batch * (static + since + verify))], shares)

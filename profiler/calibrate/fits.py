@@ -207,22 +207,23 @@ class EngineProbe:
         and the whole forwards at off-grid shapes against the composed prediction."""
         import numpy as np
 
-        from sim.formats.bundle import load_bundle
-        from sim.cost.calibrated import CalibratedCostModel
+        from sim.cost.model import calibrated_cost_model
         from sim.cost.stack import build_stacks
+        from sim.formats.bundle import load_bundle
         from sim.formats.table import OperatorTable
 
-        cost = CalibratedCostModel(_scenario(model_name, dtype_name, bundle, hardware), load_bundle(bundle))
+        cost = calibrated_cost_model(_scenario(model_name, dtype_name, bundle, hardware), load_bundle(bundle))
         # The median over rounds: the operators' median rounds give each term's shape, whole
         # forwards as the engine meets them (the machine's usual state, not its best) the level.
         target = build_stacks(cost.scenario).target
         ratio = {shape: float(np.median(times)) / predicted_forward(cost, target, *shape)
                  for shape, times in self.forward_s.items()}
         factor = [[ratio[forward_shape(t, kv)] for kv in self.kv_axis] for t in self.tokens_axis]
-        cost.forward_factor = OperatorTable("forward_factor", ("tokens", "kv"),
-                                            [np.asarray(self.tokens_axis, dtype=float),
-                                             np.asarray(self.kv_axis, dtype=float)],
-                                            np.asarray(factor), power_above=0.0)
+        # The held-out forwards below are priced with the factor just fitted.
+        cost.pricer(target).forward_factor = OperatorTable("forward_factor", ("tokens", "kv"),
+                                                           [np.asarray(self.tokens_axis, dtype=float),
+                                                            np.asarray(self.kv_axis, dtype=float)],
+                                                           np.asarray(factor), power_above=0.0)
         forward_checks = [{"batch": b, "query": q, "kv": kv, "measured_s": float(np.median(times)),
                            "predicted_s": predicted_forward(cost, target, b, q, kv)}
                           for (b, q, kv), times in self.check_s.items()]

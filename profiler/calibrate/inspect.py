@@ -4,8 +4,8 @@ One row per operator: its grid, the time range, and the best achieved memory ban
 rate over its points (bytes and FLOPs it must move and compute, over the measured median), each
 also as a share of the datasheet figure of the simulator's hardware preset for that device.
 Then the held-out error, the timing noise it follows (how far one point's timing rounds
-lie apart), a budgeted calibration's points timed against its finest grid (`--budget-s`) and the
-fitted engine overheads.
+lie apart), a budgeted calibration's points timed against its finest grid (`--budget-s`), the
+fitted engine overheads, and where a scenario priced by the bundle takes each term from.
 """
 from __future__ import annotations
 
@@ -63,6 +63,36 @@ def inspect_bundle(path: Path) -> None:
     if fits:
         print(f"fitted engine host time per step: "
               f"{fits['step_overhead_s'] * 1e6:.0f} us + {fits['request_overhead_s'] * 1e6:.0f} us per request")
+    print_prices(bundle)
+
+
+def print_prices(bundle) -> None:
+    """Where a scenario of the bundle's model and dtype, priced by it, takes each term from (the
+    cost model's origins, sim/cost/model.py): the target, a one-layer EAGLE head, the int8 and int4
+    shadows, and the engine's host work."""
+    from sim.cost.model import calibrated_cost_model
+    from sim.cost.stack import build_stacks
+    from sim.errors import InputError
+    from sim.scenario.schema import load_scenario
+
+    meta = bundle.meta
+    base = {"hardware": meta["device"].get("hardware") or "cpu", "model": meta["model"]["name"], "dtype": meta["dtype"],
+            "calibration": str(bundle.path)}
+    drafters = {"target": None, "EAGLE head": {"method": "eagle"},
+                "shadow int8": {"method": "shadow", "draft": {"bits": 8}},
+                "shadow int4": {"method": "shadow", "draft": {"bits": 4}}}
+    rate = {"acceptance": {"rate": 0.5}}          # any: only the stacks are priced here
+    print("prices (a scenario of this model and dtype with this calibration):")
+    try:
+        for label, speculation in drafters.items():
+            scenario = load_scenario({**base, **({"speculation": {**speculation, **rate}} if speculation else {})})
+            cost = calibrated_cost_model(scenario, bundle)
+            stacks = build_stacks(scenario)
+            stack = stacks.target if speculation is None else stacks.draft
+            print(f"  {label:<12} {cost.pricer(stack).origin}")
+        print(f"  {'host work':<12} {cost.host.origin}")
+    except InputError as exc:
+        print(f"  - (no scenario of the bundle's model: {exc})")
 
 
 def _time(seconds: float) -> str:

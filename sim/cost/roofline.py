@@ -8,9 +8,11 @@ query and KV tokens. The LM head runs on the tokens that need logits. Tensor par
 weights and heads and adds two all-reduces per layer; offloaded layers stream their weights over the
 host link once per forward, overlapped with compute when asked.
 
-The simulator calls `forward`, `selection`, `host_draft` and `step_overhead`; it never sees how a
-time was computed, so a calibrated model with the same methods replaces this one without touching the
-simulation (Vidur's predictor pattern).
+Prices come in two parts, as every cost model here composes them (sim/cost/model.py): a pricer per
+stack (`RooflinePricer`: its forwards and SpecPV's block selection) and the engine's host work
+(`RooflineHost`: each step's, speculation's, prompt lookup's). The simulator never sees how a time
+was computed, so operator tables or an engine timed whole price a stack instead without touching
+the simulation (Vidur's predictor pattern).
 """
 from __future__ import annotations
 
@@ -232,8 +234,11 @@ class _StackCost:
         return compute if compute > memory else memory
 
 
-class RooflineCostModel:
-    """Prices forwards, block selection and host work for one scenario."""
+class RooflineRates:
+    """What every roofline price of one scenario reads: the achievable rates (datasheet x the engine
+    preset's efficiencies), parallelism, the host link, and the engine's per-layer and per-forward
+    host terms; with each stack's coefficients (`stack_cost`) and the composition of a forward from
+    its terms (`compose`), which the operator tables' pricer shares (sim/cost/table.py)."""
 
     def __init__(self, scenario: Scenario, link_gb_s: float | None = None):
         hw = scenario.hardware_spec
@@ -255,9 +260,8 @@ class RooflineCostModel:
         self.overlap_transfer = scenario.offload.overlap
         self._stacks: dict[int, _StackCost] = {}
         self._batch_terms: dict[tuple, tuple[float, float]] = {}
-        self._uniform_terms: dict[tuple, tuple] = {}
 
-    def _cost_of(self, stack: Stack) -> _StackCost:
+    def stack_cost(self, stack: Stack) -> _StackCost:
         cost = self._stacks.get(id(stack))
         if cost is None:
             cost = _StackCost(stack, act_bytes=self.act_bytes, kv_bytes=self.kv_bytes, tp=self.tp,
@@ -268,39 +272,11 @@ class RooflineCostModel:
             self._stacks[id(stack)] = cost
         return cost
 
-    def needs_kv_tokens(self, stack: Stack, query: int) -> bool:
-        """Does pricing a group of `query`-token requests need each request's KV, not just the sum?"""
-        c = self._cost_of(stack)
-        return query > c.query_ridge or not c.memory_bound_attention
-
     def allreduce_time_s(self, message_bytes: float) -> float:
         """Ring all-reduce of one layer's output across the tensor-parallel group."""
         if self.tp == 1:
             return 0.0
         return ALLREDUCE_LATENCY_S + 2 * (self.tp - 1) / self.tp * message_bytes / self.interconnect_bytes_s
-
-    def forward(self, stack: Stack, groups: Sequence[Group], shares: list[float], *,
-                offloaded_layers: int = 0, kv_offloaded: bool = False, repeat: int = 1) -> float:
-        """Seconds of `repeat` identical forwards of `stack` over `groups`; adds each phase's part
-        into `shares`.
-
-        Work shared by the batch (linears, elementwise, all-reduce, launches) is split among the
-        groups by their share of query tokens; attention and LM head are each group's own.
-        `repeat` prices sequential draft forwards that differ only by a token of KV each: give the
-        groups their mean KV, which is exact while attention is memory-bound (linear in KV).
-        """
-        c = self._cost_of(stack)
-        tokens = 0
-        logits = 0
-        for g in groups:
-            tokens += g.tokens
-            logits += g.logits_tokens
-        if tokens == 0:
-            return 0.0
-        shared, lm_head = self.batch_terms_s(c, tokens, logits)
-        attention_of = c.attention_time_s if stack.attention and c.layers else None
-        return self.compose(groups, tokens, logits, shared, lm_head, attention_of, c, shares,
-                            offloaded_layers, kv_offloaded, repeat)
 
     def compose(self, groups: Sequence[Group], tokens: int, logits: int, shared: float, lm_head: float,
                 attention_of, c, shares: list[float], offloaded_layers: int, kv_offloaded: bool,
@@ -331,50 +307,6 @@ class RooflineCostModel:
             shares[TRANSFER] += exposed * repeat
             compute_s += exposed
         return compute_s * repeat
-
-    def forward_uniform(self, stack: Stack, phase: int, requests: int, query: int, kv_tokens_sum: float,
-                        shares: list[float], *, tokens: int | None = None, logits_tokens: int | None = None,
-                        context: np.ndarray | None = None, kv_offset: float = 0, offloaded_layers: int = 0,
-                        kv_offloaded: bool = False, repeat: int = 1) -> float:
-        """`forward` over one group, without building it while attention is memory-bound: the hot
-        path of decode, verify and draft forwards.
-
-        query: each request's query tokens (the largest, when `tokens` gives a ragged total);
-        tokens: the group's query tokens, default requests x query; logits_tokens: default tokens.
-        context: per-request tokens [n], of which each request reads context + kv_offset; needed
-        only off the memory-bound path (long queries, a KV window, offloading)."""
-        if tokens is None:
-            tokens = requests * query
-        if logits_tokens is None:
-            logits_tokens = tokens
-        terms = self._uniform_terms.get((id(stack), tokens, logits_tokens))
-        if terms is None:
-            terms = self.uniform_terms_s(stack, tokens, logits_tokens)
-        fixed_s, per_kv_s, query_ridge, c = terms
-        if query > query_ridge or kv_offloaded:
-            kv = context + kv_offset if context is not None else None
-            group = Group(phase, requests, tokens, query, kv_tokens_sum, logits_tokens, None, kv)
-            return self.forward(stack, [group], shares, offloaded_layers=offloaded_layers,
-                                kv_offloaded=kv_offloaded, repeat=repeat)
-        total = fixed_s + kv_tokens_sum * per_kv_s
-        shares[phase] += total * repeat
-        if offloaded_layers:
-            return self.with_transfer(total, offloaded_layers * c.layer_weight_bytes / self.link_bytes_s, shares,
-                                      repeat)
-        return total * repeat
-
-    def uniform_terms_s(self, stack: Stack, tokens: float, logits: float) -> tuple[float, float, float, _StackCost]:
-        """A memory-bound forward as (fixed seconds, seconds per KV token read), with the largest
-        query that keeps it memory-bound (-1 when a KV window needs per-request pricing); memoized."""
-        c = self._cost_of(stack)
-        shared, lm_head = self.batch_terms_s(c, tokens, logits)
-        attends = 1.0 if c.attends else 0.0
-        ridge = c.query_ridge if c.memory_bound_attention else -1.0
-        terms = (shared + lm_head + attends * c.layers * tokens * c.attn_bytes_per_q / c.bytes_s,
-                 attends * c.layers * c.attn_bytes_per_kv / c.bytes_s, ridge, c)
-        if len(self._uniform_terms) < 1 << 16:
-            self._uniform_terms[(id(stack), tokens, logits)] = terms
-        return terms
 
     def batch_terms_s(self, c: _StackCost, tokens: float, logits: float) -> tuple[float, float]:
         """(shared, LM head) seconds of one forward of `tokens` query tokens, memoized: a serving
@@ -407,8 +339,92 @@ class RooflineCostModel:
                 self._batch_terms[key] = terms
         return terms
 
-    def selection(self, stack: Stack, requests: int, context_sum: int, query_tokens_sum: int,
-                  budget_tokens: int, block_tokens: int, shares: list[float], part: str = "refresh") -> float:
+
+class RooflinePricer:
+    """One stack's forwards and SpecPV block selection from the roofline: every operator
+    max(FLOPs / achievable FLOP rate, bytes / achievable bandwidth) (the module docstring)."""
+    origin = "roofline"
+
+    def __init__(self, stack: Stack, rates: RooflineRates):
+        self.stack = stack
+        self.rates = rates
+        self.c = rates.stack_cost(stack)
+        self._uniform_terms: dict[tuple, tuple] = {}
+
+    def needs_kv_tokens(self, query: int) -> bool:
+        """Does pricing a group of `query`-token requests need each request's KV, not just the sum?"""
+        return query > self.c.query_ridge or not self.c.memory_bound_attention
+
+    def forward(self, groups: Sequence[Group], shares: list[float], offloaded_layers: int = 0,
+                kv_offloaded: bool = False, repeat: int = 1, draft_k: int | None = None) -> float:
+        """Seconds of `repeat` identical forwards of the stack over `groups`; adds each phase's part
+        into `shares`.
+
+        Work shared by the batch (linears, elementwise, all-reduce, launches) is split among the
+        groups by their share of query tokens; attention and LM head are each group's own.
+        `repeat` prices sequential draft forwards that differ only by a token of KV each: give the
+        groups their mean KV, which is exact while attention is memory-bound (linear in KV).
+        draft_k: the step's drafts a draft forward is one of (what an engine timed whole prices by;
+        a roofline prices the forward itself).
+        """
+        c = self.c
+        tokens = 0
+        logits = 0
+        for g in groups:
+            tokens += g.tokens
+            logits += g.logits_tokens
+        if tokens == 0:
+            return 0.0
+        shared, lm_head = self.rates.batch_terms_s(c, tokens, logits)
+        attention_of = c.attention_time_s if self.stack.attention and c.layers else None
+        return self.rates.compose(groups, tokens, logits, shared, lm_head, attention_of, c, shares,
+                                  offloaded_layers, kv_offloaded, repeat)
+
+    def forward_uniform(self, phase: int, requests: int, query: int, kv_tokens_sum: float, shares: list[float],
+                        tokens: int | None = None, logits_tokens: int | None = None,
+                        context: np.ndarray | None = None, kv_offset: float = 0, offloaded_layers: int = 0,
+                        kv_offloaded: bool = False, repeat: int = 1, draft_k: int | None = None) -> float:
+        """`forward` over one group, without building it while attention is memory-bound: the hot
+        path of decode, verify and draft forwards.
+
+        query: each request's query tokens (the largest, when `tokens` gives a ragged total);
+        tokens: the group's query tokens, default requests x query; logits_tokens: default tokens.
+        context: per-request tokens [n], of which each request reads context + kv_offset; needed
+        only off the memory-bound path (long queries, a KV window, offloading)."""
+        if tokens is None:
+            tokens = requests * query
+        if logits_tokens is None:
+            logits_tokens = tokens
+        terms = self._uniform_terms.get((tokens, logits_tokens))
+        if terms is None:
+            terms = self.uniform_terms_s(tokens, logits_tokens)
+        fixed_s, per_kv_s, query_ridge, c = terms
+        if query > query_ridge or kv_offloaded:
+            kv = context + kv_offset if context is not None else None
+            group = Group(phase, requests, tokens, query, kv_tokens_sum, logits_tokens, None, kv)
+            return self.forward([group], shares, offloaded_layers, kv_offloaded, repeat)
+        total = fixed_s + kv_tokens_sum * per_kv_s
+        shares[phase] += total * repeat
+        if offloaded_layers:
+            return self.rates.with_transfer(total, offloaded_layers * c.layer_weight_bytes / self.rates.link_bytes_s,
+                                            shares, repeat)
+        return total * repeat
+
+    def uniform_terms_s(self, tokens: float, logits: float) -> tuple[float, float, float, _StackCost]:
+        """A memory-bound forward as (fixed seconds, seconds per KV token read), with the largest
+        query that keeps it memory-bound (-1 when a KV window needs per-request pricing); memoized."""
+        c = self.c
+        shared, lm_head = self.rates.batch_terms_s(c, tokens, logits)
+        attends = 1.0 if c.attends else 0.0
+        ridge = c.query_ridge if c.memory_bound_attention else -1.0
+        terms = (shared + lm_head + attends * c.layers * tokens * c.attn_bytes_per_q / c.bytes_s,
+                 attends * c.layers * c.attn_bytes_per_kv / c.bytes_s, ridge, c)
+        if len(self._uniform_terms) < 1 << 16:
+            self._uniform_terms[(tokens, logits)] = terms
+        return terms
+
+    def selection(self, requests: int, context_sum: int, query_tokens_sum: int, budget_tokens: int,
+                  block_tokens: int, shares: list[float], part: str = "refresh") -> float:
         """SpecPV block selection in every layer.
 
         part "refresh" (a full verification re-selecting for the partial steps that follow): read
@@ -419,7 +435,7 @@ class RooflineCostModel:
         """
         if requests == 0:
             return 0.0
-        c = self._cost_of(stack)
+        c = self.c
         blocks = context_sum / block_tokens
         summary_bytes = 2 * blocks * c.attn_bytes_per_kv          # k_max and k_min, K side only
         if part == "summaries":
@@ -428,9 +444,17 @@ class RooflineCostModel:
             gather_bytes = 2 * requests * budget_tokens * c.attn_bytes_per_kv if part == "refresh" else 0.0
             flops = 2 * c.attn_flops_per_q_kv / 2 * blocks * max(query_tokens_sum / requests, 1)
             per_layer = max(flops / c.attn_flops_s, (summary_bytes + gather_bytes) / c.bytes_s)
-        seconds = c.layers * (per_layer + self.engine.layer_overhead_s)
+        seconds = c.layers * (per_layer + self.rates.engine.layer_overhead_s)
         shares[SELECTION] += seconds
         return seconds
+
+
+class RooflineHost:
+    """The engine preset's host work: every step's, speculation's, and prompt lookup's."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.origin = f"engine preset {engine.name}"
 
     def host_draft(self, requests: int, shares: list[float], context_tokens: float | None = None) -> float:
         """Prompt-lookup drafting on the host, one lookup per request (the engine preset's time,

@@ -41,7 +41,7 @@ def calibration_probe(bundle_meta: dict, shapes: dict) -> dict | None:
 def priced_probe(scenario: dict, shapes: dict) -> dict | None:
     """The two probe forwards priced by the scenario's cost model (None without a calibration)."""
     from sim.cost.batch import DECODE, PHASES, PREFILL, Group
-    from sim.cost.calibrated import cost_model_for
+    from sim.cost.model import cost_model_for
     from sim.cost.stack import build_stacks
     from sim.scenario.schema import load_scenario
 

@@ -1,0 +1,148 @@
+"""The cost model: a step's work priced by composition, each term by where its figure comes from.
+
+    CostModel = a pricer per stack (RooflinePricer | TablePricer | BlackBoxPricer | BlackBoxDraftPricer)
+              + the engine's host work (RooflineHost: an engine preset | BundleHost: a bundle's fits)
+
+Every pricer answers the same questions of its stack (sim/cost/roofline.py RooflinePricer is the
+reference): `forward` over groups of requests, `forward_uniform` over one uniform group (the hot
+path), `needs_kv_tokens`, SpecPV's `selection`; and says where its figures come from (`origin`).
+Without a calibration every stack takes the roofline (datasheet rates x the engine preset's
+efficiencies). With one (`calibration: DIR`), a stack the bundle measured takes its operator
+tables, or an engine timed whole (a black box: `profiler calibrate --engine ...`); a stack it
+cannot price (a draft of other dimensions, EAGLE-3's fusion layer, a Medusa block) keeps the
+roofline, and the result's warnings say so. Tensor parallelism and weight offloading are out of a
+single-device bundle's reach: tensor_parallel must be 1 (sim/scenario/schema.py checks), and
+transfers use the measured host-link rate when the bundle has one.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from sim.cost.batch import Group
+from sim.cost.blackbox import BlackBoxDraftPricer, BlackBoxPricer
+from sim.cost.roofline import RooflineHost, RooflinePricer, RooflineRates
+from sim.cost.stack import Stack, quantized_weight_bytes
+from sim.cost.table import BundleHost, TablePricer
+from sim.formats.bundle import Bundle, check_bundle, load_bundle
+from sim.scenario.schema import Scenario
+
+
+class CostModel:
+    """Prices forwards, block selection and host work for one scenario (the module docstring).
+    pricer_of(stack): the stack's pricer, asked once per stack, when first priced."""
+
+    def __init__(self, scenario: Scenario, pricer_of: Callable[[Stack], object], host, bundle: Bundle | None = None,
+                 warnings: list[str] | None = None):
+        self.scenario = scenario
+        self.bundle = bundle
+        self.warnings = warnings if warnings is not None else []
+        self._pricer_of = pricer_of
+        self._pricers: dict[int, object] = {}
+        self.host = host
+        # The host's terms, bound here: the simulator calls them every step.
+        self.step_overhead = host.step_overhead
+        self.speculation_overhead = host.speculation_overhead
+        self.host_draft = host.host_draft
+
+    def pricer(self, stack: Stack):
+        """The stack's pricer (made the first time it is asked for)."""
+        p = self._pricers.get(id(stack))
+        if p is None:
+            p = self._pricers[id(stack)] = self._pricer_of(stack)
+        return p
+
+    def origins(self) -> dict[str, str]:
+        """Where each term priced so far comes from: per stack, and the engine's host work."""
+        return {**{p.stack.name: p.origin for p in self._pricers.values()}, "host": self.host.origin}
+
+    def needs_kv_tokens(self, stack: Stack, query: int) -> bool:
+        """Does pricing a group of `query`-token requests need each request's KV, not just the sum?"""
+        return self.pricer(stack).needs_kv_tokens(query)
+
+    def forward(self, stack: Stack, groups: Sequence[Group], shares: list[float], *, offloaded_layers: int = 0,
+                kv_offloaded: bool = False, repeat: int = 1, draft_k: int | None = None) -> float:
+        """Seconds of `repeat` identical forwards of `stack` over `groups`; each phase's part goes
+        into `shares` (RooflinePricer.forward)."""
+        return self.pricer(stack).forward(groups, shares, offloaded_layers, kv_offloaded, repeat, draft_k)
+
+    def forward_uniform(self, stack: Stack, phase: int, requests: int, query: int, kv_tokens_sum: float,
+                        shares: list[float], *, tokens: int | None = None, logits_tokens: int | None = None,
+                        context: np.ndarray | None = None, kv_offset: float = 0, offloaded_layers: int = 0,
+                        kv_offloaded: bool = False, repeat: int = 1, draft_k: int | None = None) -> float:
+        """`forward` over one group of requests of `query` tokens each (RooflinePricer.forward_uniform)."""
+        return self.pricer(stack).forward_uniform(phase, requests, query, kv_tokens_sum, shares, tokens, logits_tokens,
+                                                  context, kv_offset, offloaded_layers, kv_offloaded, repeat, draft_k)
+
+    def selection(self, stack: Stack, requests: int, context_sum: int, query_tokens_sum: int, budget_tokens: int,
+                  block_tokens: int, shares: list[float], part: str = "refresh") -> float:
+        """SpecPV's block selection in every layer of `stack` (RooflinePricer.selection)."""
+        return self.pricer(stack).selection(requests, context_sum, query_tokens_sum, budget_tokens, block_tokens,
+                                            shares, part)
+
+
+def cost_model_for(scenario: Scenario) -> CostModel:
+    """The scenario's cost model: its calibration bundle's, or the roofline's."""
+    if scenario.calibration is None:
+        rates = RooflineRates(scenario, link_gb_s=scenario.offload.link_gb_s)
+        return CostModel(scenario, lambda stack: RooflinePricer(stack, rates), RooflineHost(scenario.engine_spec))
+    return calibrated_cost_model(scenario, load_bundle(scenario.calibration))
+
+
+def calibrated_cost_model(scenario: Scenario, bundle: Bundle) -> CostModel:
+    """The scenario priced by `bundle`: each stack by its tables or its engine timed whole where the
+    bundle measured it (the roofline, with a warning, where it did not), the host by its fits."""
+    warnings = check_bundle(bundle, scenario)
+    link_gb_s = scenario.offload.link_gb_s
+    h2d = bundle.table("h2d_pinned")
+    if link_gb_s is None and h2d is not None:
+        largest = float(h2d.axes[0][-1])
+        link_gb_s = largest / h2d(largest) / 1e9
+    rates = RooflineRates(scenario, link_gb_s=link_gb_s)
+    model = scenario.model_spec
+    spec = scenario.speculation
+    shadow_bytes = quantized_weight_bytes(spec.draft.bits, spec.draft.group_size)
+
+    def pricer_of(stack: Stack):
+        roofline = RooflinePricer(stack, rates)
+        same_shape = (stack.hidden, stack.heads, stack.kv_heads, stack.head_dim, stack.ffn) == \
+            (model.hidden, model.heads, model.kv_heads, model.head_dim, model.ffn) and stack.experts is None \
+            and stack.latent is None
+        if bundle.table("engine_forward") is not None:
+            # A black box timed the engine's target in the bundle's dtype, which check_bundle has
+            # matched to the scenario's: its weights are whatever that engine serves (llama.cpp's
+            # Q4_1 GGUF: int4), not the operator tables' activation-width linears.
+            if same_shape and stack.name == "target" and stack.layers == model.layers:
+                return BlackBoxPricer(stack, bundle, roofline)
+            if stack.name == "eagle" and bundle.table("engine_draft") is not None and spec.tree is None:
+                return BlackBoxDraftPricer(stack, bundle, roofline, spec.num_speculative_tokens)
+            warnings.append(f"stack {stack.name} priced by the roofline model (the bundle times "
+                            f"{bundle.meta.get('engine')} forwards of the target"
+                            f"{' and an EAGLE head, in chains' if bundle.table('engine_draft') else ''} only)")
+            roofline.origin = f"roofline (the bundle times {bundle.meta.get('engine')} forwards of the target only)"
+            return roofline
+        prefix = "linear"
+        if stack.weight_bytes != rates.act_bytes:
+            prefix = f"int{spec.draft.bits}"
+            if stack.name != "shadow" or stack.weight_bytes != shadow_bytes:
+                same_shape = False
+        lm_head = stack.lm_head_vocab in (0, model.vocab)
+        needed = [f"{prefix}.{n}" for n, _, _ in stack.linears] if stack.layers else []
+        needed += ["elementwise", "attention", "attention_prefill"] + (["lm_head"] if lm_head and stack.lm_head_vocab else [])
+        missing = [n for n in needed if bundle.table(n) is None]
+        if not same_shape or missing:
+            reason = "other dimensions" if not same_shape else f"no {', '.join(missing)} in the bundle"
+            warnings.append(f"stack {stack.name} priced by the roofline model ({reason})")
+            roofline.origin = f"roofline ({reason})"
+            return roofline
+        partly = (["its extra linears"] if stack.extra_linears else []) + \
+            ([f"its LM head (vocabulary {stack.lm_head_vocab})"] if not lm_head else [])
+        pricer = TablePricer(stack, rates, bundle, prefix, lm_head)
+        if partly:
+            warnings.append(f"stack {stack.name}: {' and '.join(partly)} priced by the roofline model "
+                            f"(not in the bundle)")
+            pricer.origin += f" ({' and '.join(partly)} by the roofline)"
+        return pricer
+
+    return CostModel(scenario, pricer_of, BundleHost(bundle, RooflineHost(scenario.engine_spec)), bundle, warnings)

@@ -64,7 +64,7 @@ def main() -> None:
     parser.add_argument("--skip-default", action="store_true", help="do not time the default study")
     args = parser.parse_args()
 
-    from sim.scenario.schema import load_scenario
+    from sim.scenario.load import load_scenario
     from sim.simulate import baseline_key
     from sim.sweep.study import expand_points, load_study
     from sim.sweep.store import read_table

@@ -1,9 +1,10 @@
 """python -m profiler live | campaign | positions | hf-live | serve-live | calibrate | inspect | export-hf | train-eagle (docs/live.md,
 docs/architecture.md).
 
-Every argument parser of the profiler is here; each command's arguments become a typed config
-(LiveConfig, CampaignConfig, CalibrateConfig) and the command is a function call. Bad input is one
-line on stderr and exit code 2.
+Every argument parser of the profiler is here, in the form both command lines share
+(sim/command_line.py); each command's arguments become a typed config (LiveConfig, CampaignConfig,
+CalibrateConfig) and the command is a function call. Bad input is one line on stderr and exit
+code 2.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, get_args
 
 from profiler.live.config import DEFAULT_PROMPTS
-from sim.errors import OneLineParser, exit_code
+from sim.command_line import CommandLine, arguments_of
 from sim.formats.names import LIVE_METHODS
 
 if TYPE_CHECKING:
@@ -307,37 +308,13 @@ def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a few minutes' run for tests: " + ", ".join(f"{k} {v}" for k, v in QUICK.items()))
 
 
-COMMANDS = (
-    ("live", "real speculative decoding on a real model, every step recorded", add_live_arguments),
-    ("campaign", "the live runs of a validation campaign, the model loaded once", add_campaign_arguments),
-    ("positions", "each live run's drafter's acceptance at every position of its greedy output (for the oracle "
-     "bounds, sim oracle)", add_positions_arguments),
-    ("hf-live", "Hugging Face transformers' own generate (prompt lookup), recorded as a live run",
-     add_hf_live_arguments),
-    ("serve-live", "a real engine's server (vLLM) with and without speculation, driven by a client and recorded",
-     add_serve_live_arguments),
-    ("calibrate", "time the engine's operators on this device; write a bundle", add_calibrate_arguments),
-    ("inspect", "achieved bandwidth and FLOP rate of a bundle's operators", add_inspect_arguments),
-    ("export-hf", "a GGUF model as a Hugging Face folder (safetensors, config, tokenizer, chat template) "
-     "for engines that read only that", add_export_hf_arguments),
-    ("train-eagle", "train an EAGLE-style draft head for the target on its own greedy continuations",
-     add_train_eagle_arguments))
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="python -m profiler", description=__doc__,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
-    for name, text, add_arguments in COMMANDS:
-        add_arguments(commands.add_parser(name, help=text, formatter_class=argparse.ArgumentDefaultsHelpFormatter))
-    return parser
-
+# ---- helpers --------------------------------------------------------------------------------------
 
 def live_settings(args: argparse.Namespace) -> LiveConfig:
     """A `profiler live` command line as the run's LiveConfig."""
     from profiler.live.config import LiveConfig
 
-    return LiveConfig(**{k: v for k, v in vars(args).items() if k != "command"})
+    return LiveConfig(**arguments_of(args))
 
 
 def served_model(engine: str, name: str) -> Path:
@@ -355,43 +332,65 @@ def served_model(engine: str, name: str) -> Path:
     return Path("runs/smollm2-hf")
 
 
-def dispatch(args: argparse.Namespace) -> int:
-    if args.command == "live":
-        from profiler.live.run import run_live
+# ---- the commands, in the order --help lists them ----------------------------------------------
 
-        run_live(live_settings(args))
-    elif args.command == "campaign":
-        from profiler.campaign import CampaignConfig, run_campaign
+CLI = CommandLine("python -m profiler", __doc__)
 
-        run_campaign(CampaignConfig(campaign=args.campaign, out=args.out, text=args.text, prompts=args.prompts,
-                                    repeats=args.repeats,
-                                    only=tuple(args.only) if args.only else None, probe=args.probe))
-    elif args.command == "positions":
-        from profiler.live.positions import write_positions
 
-        return write_positions(args.runs, args.out)
-    elif args.command == "hf-live":
-        from profiler.blackbox.transformers import run_transformers_live
-        from profiler.live.config import LiveConfig
+@CLI.command("live", add_live_arguments)
+def live_command(args: argparse.Namespace) -> None:
+    """real speculative decoding on a real model, every step recorded"""
+    from profiler.live.run import run_live
 
-        run_transformers_live(LiveConfig(model="hf:smollm2", method=args.method, k=args.k, batch=1,
-                                         context=args.context, text=args.text, limit=args.limit,
-                                         max_new_tokens=args.max_new_tokens, threads=args.threads, seed=args.seed,
-                                         out=args.out))
-    elif args.command == "calibrate" and args.budget_s is not None and \
-            (args.pool or args.engine in ("vllm", "llama.cpp")):
-        from sim.errors import InputError
+    run_live(live_settings(args))
 
+
+@CLI.command("campaign", add_campaign_arguments)
+def campaign_command(args: argparse.Namespace) -> None:
+    """the live runs of a validation campaign, the model loaded once"""
+    from profiler.campaign import CampaignConfig, run_campaign
+
+    run_campaign(CampaignConfig(campaign=args.campaign, out=args.out, text=args.text, prompts=args.prompts,
+                                repeats=args.repeats, only=tuple(args.only) if args.only else None, probe=args.probe))
+
+
+@CLI.command("positions", add_positions_arguments)
+def positions_command(args: argparse.Namespace) -> int:
+    """each live run's drafter's acceptance at every position of its greedy output (for the oracle bounds,
+    sim oracle)"""
+    from profiler.live.positions import write_positions
+
+    return write_positions(args.runs, args.out)
+
+
+@CLI.command("hf-live", add_hf_live_arguments)
+def hf_live_command(args: argparse.Namespace) -> None:
+    """Hugging Face transformers' own generate (prompt lookup), recorded as a live run"""
+    from profiler.blackbox.transformers import run_transformers_live
+    from profiler.live.config import LiveConfig
+
+    run_transformers_live(LiveConfig(model="hf:smollm2", method=args.method, k=args.k, batch=1,
+                                     context=args.context, text=args.text, limit=args.limit,
+                                     max_new_tokens=args.max_new_tokens, threads=args.threads, seed=args.seed,
+                                     out=args.out))
+
+
+@CLI.command("calibrate", add_calibrate_arguments)
+def calibrate_command(args: argparse.Namespace) -> None:
+    """time the engine's operators on this device; write a bundle"""
+    from sim.errors import InputError
+
+    server = args.engine in ("vllm", "llama.cpp")
+    if args.budget_s is not None and (args.pool or server):
         raise InputError("--budget-s", "applies to the live engine's operators, not to "
                                        + ("--pool" if args.pool else f"--engine {args.engine}"))
-    elif args.command == "calibrate" and args.pool:
+    if args.pool:
         from profiler.serve.pool import pool_bundles
-        from sim.errors import InputError
 
         if args.out is None:
             raise InputError("--out", "give the pooled bundle's folder")
         pool_bundles(args.pool, args.out)
-    elif args.command == "calibrate" and args.engine in ("vllm", "llama.cpp"):
+    elif server:
         from profiler.serve.calibrate import ServerCalibrateConfig, calibrate_server
 
         calibrate_server(ServerCalibrateConfig(model=served_model(args.engine, args.model), engine=args.engine,
@@ -399,7 +398,7 @@ def dispatch(args: argparse.Namespace) -> int:
                                                dtype="fp32" if args.dtype == "auto" else args.dtype,
                                                threads=args.threads or 2, port=args.port, quick=args.quick,
                                                rounds=args.rounds, head=args.head, seed=args.seed, out=args.out))
-    elif args.command == "calibrate":
+    else:
         from profiler.calibrate.run import CalibrateConfig, calibrate
 
         operators = tuple(o.strip() for o in args.operators.split(",") if o.strip()) if args.operators else None
@@ -412,31 +411,46 @@ def dispatch(args: argparse.Namespace) -> int:
             calibrate_transformers(config)
         else:
             calibrate(config)
-    elif args.command == "inspect":
-        from profiler.calibrate.inspect import inspect_bundle
 
-        inspect_bundle(args.bundle)
-    elif args.command == "serve-live":
-        from profiler.serve.run import serve_settings, settings_of
 
-        values = {k: v for k, v in vars(args).items() if k != "command"}
-        values["model"] = served_model(args.engine, str(args.model))
-        serve_settings(settings_of(values))
-    elif args.command == "train-eagle":
-        from profiler.eagle.train import QUICK, TrainEagleConfig, train_eagle
+@CLI.command("inspect", add_inspect_arguments)
+def inspect_command(args: argparse.Namespace) -> None:
+    """achieved bandwidth and FLOP rate of a bundle's operators"""
+    from profiler.calibrate.inspect import inspect_bundle
 
-        values = {k: v for k, v in vars(args).items() if k not in ("command", "quick", "held_out")}
-        if args.quick:
-            values.update(QUICK)
-        values["held_out"] = tuple(c.strip() for c in args.held_out.split(",") if c.strip())
-        return train_eagle(TrainEagleConfig(**values))
-    elif args.command == "export-hf":
-        from profiler.engine.export_hf import ExportConfig, export_hf
+    inspect_bundle(args.bundle)
 
-        export_hf(ExportConfig(out=args.out, model=args.model, dtype=args.dtype, head=args.head))
-    return 0
+
+@CLI.command("serve-live", add_serve_live_arguments)
+def serve_live_command(args: argparse.Namespace) -> None:
+    """a real engine's server (vLLM) with and without speculation, driven by a client and recorded"""
+    from profiler.serve.run import serve_settings, settings_of
+
+    values = arguments_of(args)
+    values["model"] = served_model(args.engine, str(args.model))
+    serve_settings(settings_of(values))
+
+
+@CLI.command("train-eagle", add_train_eagle_arguments)
+def train_eagle_command(args: argparse.Namespace) -> int:
+    """train an EAGLE-style draft head for the target on its own greedy continuations"""
+    from profiler.eagle.train import QUICK, TrainEagleConfig, train_eagle
+
+    values = arguments_of(args, "quick", "held_out")
+    if args.quick:
+        values.update(QUICK)
+    values["held_out"] = tuple(c.strip() for c in args.held_out.split(",") if c.strip())
+    return train_eagle(TrainEagleConfig(**values))
+
+
+@CLI.command("export-hf", add_export_hf_arguments)
+def export_hf_command(args: argparse.Namespace) -> None:
+    """a GGUF model as a Hugging Face folder (safetensors, config, tokenizer, chat template) for engines
+    that read only that"""
+    from profiler.engine.export_hf import ExportConfig, export_hf
+
+    export_hf(ExportConfig(out=args.out, model=args.model, dtype=args.dtype, head=args.head))
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return exit_code(lambda: dispatch(args))
+    return CLI.main(argv)

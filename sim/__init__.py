@@ -8,7 +8,8 @@ sim never imports torch: it must start fast on machines with no GPU stack.
 """
 from sim.errors import InputError
 from sim.result import Result
-from sim.scenario.schema import Scenario, load_scenario
+from sim.scenario.load import load_scenario
+from sim.scenario.schema import Scenario
 from sim.simulate import simulate
 
 __all__ = ["Result", "Scenario", "InputError", "load_scenario", "simulate"]

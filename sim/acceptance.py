@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from sim.errors import InputError
-from sim.scenario.schema import Acceptance, Scenario
+from sim.scenario.schema import Scenario
+from sim.scenario.speculation import Acceptance
 from sim.traces import numeric_column, read_table
 
 CONTEXT_REFERENCE_TOKENS = 1024

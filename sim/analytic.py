@@ -16,7 +16,8 @@ from sim.cost.batch import DECODE, DRAFT, VERIFY, PHASES, Group, uniform_group
 from sim.cost.memory import draft_offloaded_layers, plan_memory
 from sim.cost.model import cost_model_for
 from sim.cost.stack import build_stacks
-from sim.scenario.schema import Scenario, load_scenario
+from sim.scenario.load import load_scenario
+from sim.scenario.schema import Scenario
 
 
 def expected_tokens_per_step(rate: float, k: int) -> float:
@@ -83,7 +84,8 @@ def steady_state(scenario: Scenario | dict | str, context_tokens: int, tokens_pe
     else:
         # The first draft forward of a drafter with its own KV catches up on a step's commits.
         q_first = tokens_per_step if stacks.draft_owns_kv else 1
-        first = Group(DRAFT, 1, q_first, V, context_tokens, 1)
+        first = Group(phase=DRAFT, requests=1, tokens=q_first, query_max=V, kv_tokens_sum=context_tokens,
+                      logits_tokens=1)
         streamed = draft_offloaded_layers(scenario, memory)
         draft = cost.forward(stacks.draft, [first], shares, offloaded_layers=streamed)
         if k > 1:

@@ -15,7 +15,7 @@ MAX_DOUBLINGS = 24
 
 
 def find_capacity(mapping: dict, tolerance: float = 0.02, max_rate_qps: float | None = None) -> dict:
-    from sim.scenario.schema import load_scenario
+    from sim.scenario.load import load_scenario
 
     if not 0 < tolerance < 1:
         raise InputError("--tolerance", f"must be in (0, 1) (got {tolerance})")
@@ -57,7 +57,7 @@ def evaluate(mapping: dict, rate_qps: float, baseline_only: bool, baselines: dic
     """One trial. A speculative trial simulates the baseline at the same rate too (same requests
     and seed): it is kept in `baselines`, so the baseline's own search, which starts from the same
     rates, does not run it again."""
-    from sim.scenario.schema import load_scenario
+    from sim.scenario.load import load_scenario
     from sim.simulate import simulate
 
     if baseline_only and rate_qps in baselines:

@@ -28,7 +28,8 @@ oracle: from live runs and their drafters' acceptance at every position (profile
 predicted speedup of the run's static k, goodput k, Oracle Proposal and Oracle Combine with a second
 drafter on the same prompts.
 
-Every parser of the simulator is here; below this module, functions take typed arguments.
+Every parser of the simulator is here, in the form both command lines share (sim/command_line.py);
+below this module, functions take typed arguments.
 """
 from __future__ import annotations
 
@@ -39,203 +40,120 @@ import shlex
 import sys
 from pathlib import Path
 
-from sim.errors import InputError, OneLineParser, exit_code
+from sim.command_line import CommandLine
+from sim.errors import InputError
 from sim.formats.files import write_atomic
 from sim.scenario import load_scenario, read_mapping, resolve_relative_paths
 from sim.scenario.overrides import parse_value, set_field, split_assignment
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="python -m sim", description=__doc__,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
-    run = commands.add_parser("run", help="simulate one scenario and its no-speculation baseline")
-    run.add_argument("scenario", type=Path, help="scenario YAML (docs/scenario.md)")
-    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                     help="override a field, e.g. workload.concurrency=64 (repeatable)")
-    run.add_argument("--vary", metavar="FIELD=V1,V2,...",
-                     help="run once per value of one field and print a row per run")
-    run.add_argument("--json", action="store_true", help="print JSON instead of a summary")
-    run.add_argument("--out", type=Path, help="also write the JSON to this file")
-    sweep = commands.add_parser("sweep", help="run a study's grid of scenarios; write results.parquet and report.html")
-    sweep.add_argument("study", nargs="?", help="study YAML, or an embedded study's name (default, smoke); "
-                                                 "default: the embedded default study")
-    sweep.add_argument("--executor", choices=("local", "ray"), default="local",
-                       help="local: a process pool on this machine; ray: a Ray cluster (or a local Ray instance)")
-    sweep.add_argument("--address", help="with --executor ray: the cluster's address (auto, or HOST:PORT)")
-    sweep.add_argument("--workers", type=int, help="worker processes (default: the CPU count)")
-    sweep.add_argument("--resume", action="store_true", help="continue a sweep in --out, skipping finished points")
-    sweep.add_argument("--overwrite", action="store_true", help="discard the results already in --out and start again")
-    sweep.add_argument("--out", type=Path, help="output folder (default reports/STUDY_NAME)")
-    sweep.add_argument("--validation", type=Path, help="a validation.csv from sim validate, for the report's parity "
-                                                       "plot (default: the study's `validation`, when present)")
-    sweep.add_argument("--quiet", action="store_true", help="no progress bar")
-    sweep.add_argument("--no-baseline-reuse", action="store_true",
-                       help="simulate every point's baseline afresh (same results, slower; for checking)")
-    report = commands.add_parser("report", help="rebuild report.html from a sweep's results.parquet")
-    report.add_argument("results", type=Path, metavar="RESULTS", help="a sweep's folder or its results.parquet")
-    report.add_argument("--validation", type=Path, help="a validation.csv for the parity plot")
-    report.add_argument("--out", type=Path, help="HTML file to write (default: report.html beside the results)")
-    capacity = commands.add_parser("capacity", help="highest Poisson request rate meeting the scenario's SLOs")
-    capacity.add_argument("scenario", type=Path, help="scenario YAML with an slo block")
-    capacity.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                          help="override a field (repeatable)")
-    capacity.add_argument("--tolerance", type=float, default=0.02,
-                          help="stop when the bracket is narrower than this fraction of the rate (default 0.02)")
-    capacity.add_argument("--max-rate", type=float, help="highest rate to try, in requests/s")
-    capacity.add_argument("--json", action="store_true", help="print JSON instead of a summary")
-    recommend = commands.add_parser("recommend", help="the speculation to run at each load, as vLLM's and SGLang's "
-                                                      "config")
-    recommend.add_argument("scenario", type=Path, help="scenario YAML with a speculation method")
-    recommend.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                           help="override a field (repeatable)")
-    recommend.add_argument("--batches", type=_int_list("--batches"), default=None, metavar="B1,B2,...",
-                           help="batch sizes (closed-loop clients) to try (default 1,2,4,...,256)")
-    recommend.add_argument("--contexts", type=_int_list("--contexts"), default=None, metavar="C1,C2,...",
-                           help="prompt tokens to try (default: the scenario's own)")
-    recommend.add_argument("--max-k", type=int, default=None,
-                           help="longest chain tried (default: the larger of the scenario's k and 6)")
-    recommend.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    validate = commands.add_parser("validate", help="predict profiler live runs, or the published GPU "
-                                                    "measurements, and report the error")
-    validate.add_argument("runs", type=Path, nargs="*", metavar="RUN_DIR",
-                          help="folders written by profiler live, or campaign folders written by profiler campaign "
-                               "(every run of every repeat)")
-    validate.add_argument("--calibration", type=Path,
-                          help="calibration bundle (default: a campaign's own, else the roofline model)")
-    validate.add_argument("--published", type=Path, nargs="?", const=Path("-"), metavar="CATALOGUE",
-                          help="predict the published-measurement catalogue instead (default folder: "
-                               "validation/published): errors.csv and parity.html, fit and held half apart")
-    validate.add_argument("--scenarios", type=Path, metavar="DIR",
-                          help="with --published: also write each case's scenario as DIR/CASE.yaml (for sim run)")
-    validate.add_argument("--fit", action="store_true",
-                          help="with --published: search the GEMM corners and speculative host times on the fit "
-                               "half and print them (the presets hold the result)")
-    validate.add_argument("--out", type=Path, help="write validation.csv and parity.html here (with --published: "
-                                                   "errors.csv and parity.html; default the catalogue folder)")
-    validate.add_argument("--docs", type=Path, help="with --out: replace the table between this Markdown file's "
-                                                    "validation markers named after the --out folder")
-    fit = commands.add_parser("fit-acceptance", help="fit acceptance per drafter from live runs or vLLM counters")
-    fit.add_argument("runs", type=Path, nargs="*", metavar="RUN_DIR",
-                     help="folders written by profiler live, or campaign folders")
-    fit.add_argument("--vllm", type=Path, action="append", default=[], metavar="FILE",
-                     help="vLLM speculative decoding counters: a /metrics scrape or JSON lines (repeatable)")
-    fit.add_argument("-o", "--out", type=Path, required=True, help="acceptance YAML to write")
-    oracle = commands.add_parser("oracle", help="static, goodput and oracle speedups of live runs, from their "
-                                                "drafters' acceptance at every position")
-    oracle.add_argument("positions", type=Path, metavar="POSITIONS", help="the table written by profiler positions")
-    oracle.add_argument("runs", type=Path, nargs="+", metavar="RUN_DIR", help="live run folders, or campaign folders "
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("scenario", type=Path, help="scenario YAML (docs/scenario.md)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a field, e.g. workload.concurrency=64 (repeatable)")
+    parser.add_argument("--vary", metavar="FIELD=V1,V2,...",
+                        help="run once per value of one field and print a row per run")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a summary")
+    parser.add_argument("--out", type=Path, help="also write the JSON to this file")
+
+
+def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("study", nargs="?", help="study YAML, or an embedded study's name (default, smoke); "
+                                                  "default: the embedded default study")
+    parser.add_argument("--executor", choices=("local", "ray"), default="local",
+                        help="local: a process pool on this machine; ray: a Ray cluster (or a local Ray instance)")
+    parser.add_argument("--address", help="with --executor ray: the cluster's address (auto, or HOST:PORT)")
+    parser.add_argument("--workers", type=int, help="worker processes (default: the CPU count)")
+    parser.add_argument("--resume", action="store_true", help="continue a sweep in --out, skipping finished points")
+    parser.add_argument("--overwrite", action="store_true", help="discard the results already in --out and start again")
+    parser.add_argument("--out", type=Path, help="output folder (default reports/STUDY_NAME)")
+    parser.add_argument("--validation", type=Path, help="a validation.csv from sim validate, for the report's parity "
+                                                        "plot (default: the study's `validation`, when present)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--no-baseline-reuse", action="store_true",
+                        help="simulate every point's baseline afresh (same results, slower; for checking)")
+
+
+def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("results", type=Path, metavar="RESULTS", help="a sweep's folder or its results.parquet")
+    parser.add_argument("--validation", type=Path, help="a validation.csv for the parity plot")
+    parser.add_argument("--out", type=Path, help="HTML file to write (default: report.html beside the results)")
+
+
+def add_capacity_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("scenario", type=Path, help="scenario YAML with an slo block")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a field (repeatable)")
+    parser.add_argument("--tolerance", type=float, default=0.02,
+                        help="stop when the bracket is narrower than this fraction of the rate (default 0.02)")
+    parser.add_argument("--max-rate", type=float, help="highest rate to try, in requests/s")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a summary")
+
+
+def add_recommend_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("scenario", type=Path, help="scenario YAML with a speculation method")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a field (repeatable)")
+    parser.add_argument("--batches", type=_int_list("--batches"), default=None, metavar="B1,B2,...",
+                        help="batch sizes (closed-loop clients) to try (default 1,2,4,...,256)")
+    parser.add_argument("--contexts", type=_int_list("--contexts"), default=None, metavar="C1,C2,...",
+                        help="prompt tokens to try (default: the scenario's own)")
+    parser.add_argument("--max-k", type=int, default=None,
+                        help="longest chain tried (default: the larger of the scenario's k and 6)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("runs", type=Path, nargs="*", metavar="RUN_DIR",
+                        help="folders written by profiler live, or campaign folders written by profiler campaign "
+                             "(every run of every repeat)")
+    parser.add_argument("--calibration", type=Path,
+                        help="calibration bundle (default: a campaign's own, else the roofline model)")
+    parser.add_argument("--published", type=Path, nargs="?", const=Path("-"), metavar="CATALOGUE",
+                        help="predict the published-measurement catalogue instead (default folder: "
+                             "validation/published): errors.csv and parity.html, fit and held half apart")
+    parser.add_argument("--scenarios", type=Path, metavar="DIR",
+                        help="with --published: also write each case's scenario as DIR/CASE.yaml (for sim run)")
+    parser.add_argument("--fit", action="store_true",
+                        help="with --published: search the GEMM corners and speculative host times on the fit "
+                             "half and print them (the presets hold the result)")
+    parser.add_argument("--out", type=Path, help="write validation.csv and parity.html here (with --published: "
+                                                 "errors.csv and parity.html; default the catalogue folder)")
+    parser.add_argument("--docs", type=Path, help="with --out: replace the table between this Markdown file's "
+                                                  "validation markers named after the --out folder")
+
+
+def add_fit_acceptance_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("runs", type=Path, nargs="*", metavar="RUN_DIR",
+                        help="folders written by profiler live, or campaign folders")
+    parser.add_argument("--vllm", type=Path, action="append", default=[], metavar="FILE",
+                        help="vLLM speculative decoding counters: a /metrics scrape or JSON lines (repeatable)")
+    parser.add_argument("-o", "--out", type=Path, required=True, help="acceptance YAML to write")
+
+
+def add_oracle_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("positions", type=Path, metavar="POSITIONS", help="the table written by profiler positions")
+    parser.add_argument("runs", type=Path, nargs="+", metavar="RUN_DIR", help="live run folders, or campaign folders "
                                                                                "(their autoregressive runs included)")
-    oracle.add_argument("--calibration", type=Path, help="the bundle that prices the runs (as sim validate)")
-    oracle.add_argument("--pair", action="append", default=[], metavar="A,B",
+    parser.add_argument("--calibration", type=Path, help="the bundle that prices the runs (as sim validate)")
+    parser.add_argument("--pair", action="append", default=[], metavar="A,B",
                         help="drafter labels (as sim validate prints them) to combine per step, A's pricing "
                              "(repeatable)")
-    oracle.add_argument("--docs", type=Path, help="a markdown file whose oracle table to replace")
-    return parser
+    parser.add_argument("--docs", type=Path, help="a markdown file whose oracle table to replace")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return exit_code(lambda: dispatch(args))
+# ---- the commands, in the order --help lists them ----------------------------------------------
+
+CLI = CommandLine("python -m sim", __doc__)
 
 
-def dispatch(args: argparse.Namespace) -> int:
-    """The command's function, called with typed arguments (imports kept lazy: `run` starts fast)."""
-    if args.command == "run":
-        return run_command(args.scenario, args.overrides, args.vary, args.json, args.out)
-    if args.command == "sweep":
-        from sim.sweep.commands import SweepOptions, sweep
-
-        return sweep(SweepOptions(study=args.study, out=args.out, executor=args.executor, address=args.address,
-                                  workers=args.workers, resume=args.resume, overwrite=args.overwrite,
-                                  validation=args.validation, quiet=args.quiet,
-                                  reuse_baselines=not args.no_baseline_reuse))
-    if args.command == "report":
-        from sim.sweep.commands import rebuild_report
-
-        return rebuild_report(args.results, args.validation, args.out)
-    if args.command == "capacity":
-        return capacity_command(args.scenario, args.overrides, args.tolerance, args.max_rate, args.json)
-    if args.command == "recommend":
-        from sim.recommend import format_recommendation, recommend
-        from sim.result import json_safe
-
-        out = recommend(scenario_with_overrides(args.scenario, args.overrides), args.batches, args.contexts, args.max_k)
-        print(json.dumps(json_safe(out)) if args.json else format_recommendation(out))
-        return 0
-    if args.command == "validate":
-        from sim.validate.commands import validate, validate_published
-
-        if args.published is not None:
-            if args.runs or args.calibration is not None:
-                raise InputError("--published", "predicts the catalogue with the roofline model: give no RUN_DIR "
-                                                "or --calibration with it")
-            from sim.formats.provenance import REPO_ROOT
-
-            catalogue = REPO_ROOT / "validation/published" if args.published == Path("-") else args.published
-            if args.fit:
-                if args.out is not None or args.docs is not None or args.scenarios is not None:
-                    raise InputError("--fit", "prints the fitted settings and writes nothing: give no --out, --docs "
-                                              "or --scenarios with it")
-                from sim.validate.commands import fit_published
-
-                return fit_published(catalogue)
-            return validate_published(catalogue, out=args.out, docs=args.docs, scenarios=args.scenarios)
-        if args.fit:
-            raise InputError("--fit", "goes with --published")
-        if not args.runs:
-            raise InputError("RUN_DIR", "give run or campaign folders, or --published [CATALOGUE]")
-        return validate(args.runs, calibration=args.calibration, out=args.out, docs=args.docs)
-    if args.command == "oracle":
-        from sim.validate.oracle import format_oracle, oracle_rows
-
-        pairs = []
-        for text in args.pair:
-            first, sep, second = text.partition(",")
-            if not sep or not first or not second:
-                raise InputError("--pair", f"expects two drafter labels A,B (got {text!r})")
-            pairs.append((first, second))
-        rows = oracle_rows(args.positions, args.runs, args.calibration, pairs)
-        print(format_oracle(rows))
-        if args.docs is not None:
-            from sim.formats.provenance import repo_relative
-            from sim.validate.commands import update_docs
-
-            command = " ".join(["python -m sim oracle", repo_relative(args.positions),
-                                *(repo_relative(p) for p in args.runs),
-                                *(["--calibration", repo_relative(args.calibration)] if args.calibration else []),
-                                *(f"--pair {shlex.quote(a + ',' + b)}" for a, b in pairs), "--docs",
-                                repo_relative(args.docs)])
-            update_docs(args.docs, "oracle", f"Reproduce: `{command}`\n\n" + format_oracle(rows, markdown=True))
-        return 0
-    if args.command == "fit-acceptance":
-        from sim.validate.commands import fit_acceptance
-
-        return fit_acceptance(args.runs, args.vllm, args.out)
-    raise AssertionError(args.command)
-
-
-def _int_list(flag: str):
-    def parse(text: str) -> list[int]:
-        try:
-            return [int(x) for x in text.split(",")]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expects integers separated by commas (got {text!r})") from None
-    return parse
-
-
-def scenario_with_overrides(path: Path, overrides: list[str]) -> dict:
-    """The scenario file's mapping, its relative paths resolved, each `--set FIELD=VALUE` applied."""
-    mapping = resolve_relative_paths(read_mapping(path), path.parent)
-    for override in overrides:
-        set_field(mapping, *split_assignment(override, "--set"))
-    return mapping
-
-
-def run_command(scenario: Path, overrides: list[str], vary: str | None, as_json: bool, out: Path | None) -> int:
+@CLI.command("run", add_run_arguments)
+def run_command(args: argparse.Namespace) -> int:
+    """simulate one scenario and its no-speculation baseline"""
     from sim.simulate import simulate
 
-    mapping = scenario_with_overrides(scenario, overrides)
+    vary, out = args.vary, args.out
+    mapping = scenario_with_overrides(args.scenario, args.overrides)
     if vary is None:
         result = simulate(mapping)
         payload = result.to_dict()
@@ -260,19 +178,134 @@ def run_command(scenario: Path, overrides: list[str], vary: str | None, as_json:
             write_atomic(out, json.dumps(payload, indent=2) + "\n")
         except OSError as exc:
             raise InputError("--out", f"cannot write {out}: {exc.strerror or exc}") from None
-    print(json.dumps(payload) if as_json else text)
+    print(json.dumps(payload) if args.json else text)
     return 0
 
 
-def capacity_command(scenario: Path, overrides: list[str], tolerance: float, max_rate_qps: float | None,
-                     as_json: bool) -> int:
+@CLI.command("sweep", add_sweep_arguments)
+def sweep_command(args: argparse.Namespace) -> int:
+    """run a study's grid of scenarios; write results.parquet and report.html"""
+    from sim.sweep.commands import SweepOptions, sweep
+
+    return sweep(SweepOptions(study=args.study, out=args.out, executor=args.executor, address=args.address,
+                              workers=args.workers, resume=args.resume, overwrite=args.overwrite,
+                              validation=args.validation, quiet=args.quiet,
+                              reuse_baselines=not args.no_baseline_reuse))
+
+
+@CLI.command("report", add_report_arguments)
+def report_command(args: argparse.Namespace) -> int:
+    """rebuild report.html from a sweep's results.parquet"""
+    from sim.sweep.commands import rebuild_report
+
+    return rebuild_report(args.results, args.validation, args.out)
+
+
+@CLI.command("capacity", add_capacity_arguments)
+def capacity_command(args: argparse.Namespace) -> int:
+    """highest Poisson request rate meeting the scenario's SLOs"""
     from sim.capacity import find_capacity, format_capacity
     from sim.result import json_safe
 
-    result = find_capacity(scenario_with_overrides(scenario, overrides), tolerance=tolerance,
-                           max_rate_qps=max_rate_qps)
-    print(json.dumps(json_safe(result)) if as_json else format_capacity(result))
+    result = find_capacity(scenario_with_overrides(args.scenario, args.overrides), tolerance=args.tolerance,
+                           max_rate_qps=args.max_rate)
+    print(json.dumps(json_safe(result)) if args.json else format_capacity(result))
     return 0
+
+
+@CLI.command("recommend", add_recommend_arguments)
+def recommend_command(args: argparse.Namespace) -> int:
+    """the speculation to run at each load, as vLLM's and SGLang's config"""
+    from sim.recommend import format_recommendation, recommend
+    from sim.result import json_safe
+
+    out = recommend(scenario_with_overrides(args.scenario, args.overrides), args.batches, args.contexts, args.max_k)
+    print(json.dumps(json_safe(out)) if args.json else format_recommendation(out))
+    return 0
+
+
+@CLI.command("validate", add_validate_arguments)
+def validate_command(args: argparse.Namespace) -> int:
+    """predict profiler live runs, or the published GPU measurements, and report the error"""
+    from sim.validate.commands import validate, validate_published
+
+    if args.published is not None:
+        if args.runs or args.calibration is not None:
+            raise InputError("--published", "predicts the catalogue with the roofline model: give no RUN_DIR "
+                                            "or --calibration with it")
+        from sim.formats.provenance import REPO_ROOT
+
+        catalogue = REPO_ROOT / "validation/published" if args.published == Path("-") else args.published
+        if args.fit:
+            if args.out is not None or args.docs is not None or args.scenarios is not None:
+                raise InputError("--fit", "prints the fitted settings and writes nothing: give no --out, --docs "
+                                          "or --scenarios with it")
+            from sim.validate.commands import fit_published
+
+            return fit_published(catalogue)
+        return validate_published(catalogue, out=args.out, docs=args.docs, scenarios=args.scenarios)
+    if args.fit:
+        raise InputError("--fit", "goes with --published")
+    if not args.runs:
+        raise InputError("RUN_DIR", "give run or campaign folders, or --published [CATALOGUE]")
+    return validate(args.runs, calibration=args.calibration, out=args.out, docs=args.docs)
+
+
+@CLI.command("oracle", add_oracle_arguments)
+def oracle_command(args: argparse.Namespace) -> int:
+    """static, goodput and oracle speedups of live runs, from their drafters' acceptance at every position"""
+    from sim.validate.oracle import format_oracle, oracle_rows
+
+    pairs = []
+    for text in args.pair:
+        first, sep, second = text.partition(",")
+        if not sep or not first or not second:
+            raise InputError("--pair", f"expects two drafter labels A,B (got {text!r})")
+        pairs.append((first, second))
+    rows = oracle_rows(args.positions, args.runs, args.calibration, pairs)
+    print(format_oracle(rows))
+    if args.docs is not None:
+        from sim.formats.provenance import repo_relative
+        from sim.validate.commands import update_docs
+
+        command = " ".join(["python -m sim oracle", repo_relative(args.positions),
+                            *(repo_relative(p) for p in args.runs),
+                            *(["--calibration", repo_relative(args.calibration)] if args.calibration else []),
+                            *(f"--pair {shlex.quote(a + ',' + b)}" for a, b in pairs), "--docs",
+                            repo_relative(args.docs)])
+        update_docs(args.docs, "oracle", f"Reproduce: `{command}`\n\n" + format_oracle(rows, markdown=True))
+    return 0
+
+
+@CLI.command("fit-acceptance", add_fit_acceptance_arguments)
+def fit_acceptance_command(args: argparse.Namespace) -> int:
+    """fit acceptance per drafter from live runs or vLLM counters"""
+    from sim.validate.commands import fit_acceptance
+
+    return fit_acceptance(args.runs, args.vllm, args.out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return CLI.main(argv)
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+
+def _int_list(flag: str):
+    def parse(text: str) -> list[int]:
+        try:
+            return [int(x) for x in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expects integers separated by commas (got {text!r})") from None
+    return parse
+
+
+def scenario_with_overrides(path: Path, overrides: list[str]) -> dict:
+    """The scenario file's mapping, its relative paths resolved, each `--set FIELD=VALUE` applied."""
+    mapping = resolve_relative_paths(read_mapping(path), path.parent)
+    for override in overrides:
+        set_field(mapping, *split_assignment(override, "--set"))
+    return mapping
 
 
 def trust_line(result) -> str:

@@ -2,7 +2,6 @@
 reason, printed as one line with exit code 2."""
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable
 
@@ -27,10 +26,3 @@ def exit_code(command: Callable[[], int]) -> int:
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """An argument parser whose usage mistakes are bad input too: one line, exit code 2."""
-
-    def error(self, message: str):
-        self.exit(2, f"error: {message} (see {self.prog} --help)\n")

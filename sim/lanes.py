@@ -27,7 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.acceptance import MAX_RATE, AcceptanceModel, DraftShareAcceptance, SurvivalAcceptance, build_acceptance_model
-from sim.scenario.schema import Scenario, SecondDrafter
+from sim.scenario.schema import Scenario
+from sim.scenario.speculation import SecondDrafter
 from sim.workload import Requests
 
 METHOD, LOOKUP, NONE = "method", "ngram", "none"

@@ -137,9 +137,9 @@ class PipelineSimulation:
         running = n + len(self.prefilling)
         state = goodput_state(s.ctx_sum / n, self.prefilling, self.prefill_chunk)
         chunks_at = (lambda k: self.step_chunks(self.steps.shape(k), n)) if self.prefilling else None
-        price_s = lambda ks: price_decode_steps(self.steps, self.cost, s, n, ks, self.policy.expected_tokens,  # noqa: E731
-                                                chunks_at)
-        self.shape = self.steps.shape(self.policy.choose_k(running, n, state, price_s))
+        price_s = lambda ks, expected: price_decode_steps(self.steps, self.cost, s, n, ks, expected,  # noqa: E731
+                                                          chunks_at)
+        self.shape = self.steps.shape(self.policy.choose_k(running, n, price_s, state))
 
     # ---- the engine process ---------------------------------------------------------------------
     def serve(self):

@@ -14,34 +14,48 @@
   context and prompt tokens in the step, each within 9%), so a steady batch is priced K + 1 times,
   not every iteration.
 
+The simulator's engine (sim/pipeline.py) and the live one (profiler/engine/serving.py) ask the same
+policies the same question, `choose_k(running, decoding, price_s, state)`, each pricing the step
+with the simulator's cost model (the live engine through sim/step_price.py); a live engine's
+goodput learns its acceptance from the steps it runs (`LearnedGoodput.observe`).
+
 Truncating a chain at k < K keeps the first k drafted tokens, so a step drafting k accepts
 min(accepted at K, k) tokens: exact for every chain drafter whose proposal of k is the prefix of its
 proposal of K (greedy draft models and heads, prompt lookup).
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
-from sim.scenario.schema import Speculation
+from sim.scenario.speculation import Speculation
 
 MAX_BATCH = 1 << 16       # no engine runs more requests at once; k_by_batch's table stops there
 
+# Seconds of the decoding requests' step at each k of ks, given [K + 1] committed tokens a step
+# drafting k = 0..K is expected to make (a drafter with its own KV catches up on them).
+PriceS = Callable[[range, np.ndarray], Sequence[float]]
+
 
 class SpeculationPolicy:
-    """Answers, before each iteration: how many tokens does each decoding request draft (0: none)?"""
+    """Answers, before each step: how many tokens does each decoding request draft (0: none)?"""
     kind = "static"
     adaptive = False
 
     def __init__(self, max_k: int):
         self.max_k = max_k
 
-    def choose_k(self, running: int, decoding: int, state: tuple, price_s: Callable[[range], list[float]]) -> int:
+    def choose_k(self, running: int, decoding: int, price_s: PriceS | None = None, state: Hashable = None) -> int:
         """running: requests in the batch (decoding or prefilling); decoding: those about to
-        verify; state: what else the step's price depends on, bucketed; price_s(ks): the seconds
-        the decoding requests' step costs at each k of ks."""
+        verify; price_s: the step's price (what goodput weighs; None where nothing asks);
+        state: what else the price depends on, bucketed, so that a choice can be kept for it
+        (None: choose afresh)."""
         return self.max_k
+
+    def observe(self, steps: Sequence) -> None:
+        """What one step did, per request (a live engine's StepRecords: mode, drafted,
+        accept_flags); policies that do not learn ignore it."""
 
 
 class OracleProposal(SpeculationPolicy):
@@ -60,7 +74,7 @@ class OffAboveBatch(SpeculationPolicy):
         super().__init__(max_k)
         self.batch = batch
 
-    def choose_k(self, running, decoding, state, price_s):
+    def choose_k(self, running, decoding, price_s=None, state=None):
         return 0 if running > self.batch else self.max_k
 
 
@@ -73,28 +87,64 @@ class KByBatch(SpeculationPolicy):
         # k for every batch size up to the last range's end (at most MAX_BATCH); past it, the last k.
         self.k_at = [0] + [k for first, last, k in ranges for _ in range(first, min(last, MAX_BATCH) + 1)]
 
-    def choose_k(self, running, decoding, state, price_s):
+    def choose_k(self, running, decoding, price_s=None, state=None):
         return self.k_at[min(running, len(self.k_at) - 1)]
 
 
 class GoodputPolicy(SpeculationPolicy):
+    """The k maximizing expected committed tokens over the step's seconds; survival: [K] mean
+    P(accepted >= j), j = 1..K."""
     kind = "goodput"
     adaptive = True
 
-    def __init__(self, max_k: int, survival: np.ndarray, allow_off: bool):
+    def __init__(self, max_k: int, survival: np.ndarray, allow_off: bool = True):
         super().__init__(max_k)
         self.expected_tokens = expected_tokens(survival, max_k)
         self.candidates = range(0 if allow_off else 1, max_k + 1)
         self.chosen: dict[tuple, int] = {}
 
-    def choose_k(self, running, decoding, state, price_s):
+    def choose_k(self, running, decoding, price_s=None, state=None):
         key = (decoding, state)
-        k = self.chosen.get(key)
+        k = self.chosen.get(key) if state is not None else None
         if k is None:
-            rate = self.expected_tokens[self.candidates.start:] / np.asarray(price_s(self.candidates))
-            k = self.candidates.start + int(np.argmax(rate))
-            self.chosen[key] = k
+            seconds = np.asarray(price_s(self.candidates, self.expected_tokens))
+            k = self.candidates.start + int(np.argmax(self.expected_tokens[self.candidates.start:] / seconds))
+            if state is not None:
+                self.chosen[key] = k
         return k
+
+
+# LearnedGoodput's prior of each position's conditional acceptance: 0.9 as if seen once. Optimistic,
+# so that goodput drafts a position before it has evidence against it.
+PRIOR_RATE = 0.9
+PRIOR_STEPS = 1.0
+
+
+class LearnedGoodput(GoodputPolicy):
+    """Goodput with the acceptance it has seen so far (a live engine's): per draft position, the
+    share of steps that reached it and accepted it, from an optimistic prior, so that positions a
+    short k never reaches are still tried."""
+
+    def __init__(self, max_k: int, allow_off: bool = True):
+        self.reached = np.full(max_k, PRIOR_STEPS)
+        self.accepted = np.full(max_k, PRIOR_RATE * PRIOR_STEPS)
+        super().__init__(max_k, self.survival(), allow_off)
+
+    def survival(self) -> np.ndarray:
+        """[K] P(accepted >= j), j = 1..K, from each position's conditional acceptance so far."""
+        return np.cumprod(self.accepted / self.reached)
+
+    def observe(self, steps):
+        for r in steps:
+            if r.mode == "decode":
+                continue
+            # Position j counts only if the drafts before it were accepted: a conditional rate.
+            for j in range(min(r.drafted, len(r.accept_flags))):
+                self.reached[j] += 1
+                if not r.accept_flags[j]:
+                    break
+                self.accepted[j] += 1
+        self.expected_tokens = expected_tokens(self.survival(), self.max_k)
 
 
 def expected_tokens(survival: np.ndarray, max_k: int) -> np.ndarray:

@@ -27,7 +27,7 @@ DRAFT_PATH = "DRAFT_MODEL_PATH"      # what the user replaces: the scenario name
 def recommend(mapping: dict, batches: list[int] | None = None, contexts: list[int] | None = None,
               max_k: int | None = None) -> dict:
     """The table of (context, batch) cells, the schedule and the engines' config (a JSON-ready dict)."""
-    from sim.scenario.schema import load_scenario
+    from sim.scenario.load import load_scenario
     from sim.simulate import simulate
 
     scenario = load_scenario(mapping)

@@ -13,7 +13,8 @@ from sim.cost.stack import build_stacks
 from sim.lanes import build_lanes
 from sim.pipeline import PipelineSimulation
 from sim.result import Result, summarize
-from sim.scenario.schema import Scenario, load_scenario
+from sim.scenario.load import load_scenario
+from sim.scenario.schema import Scenario
 from sim.workload import Requests, build_requests
 
 

@@ -11,10 +11,12 @@ and, with rectify, the roll-back at the first disagreement.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from sim.cost.batch import FULL, PARTIAL, VERIFY, Group, uniform_group
-from sim.scenario.schema import Disagreement, PartialVerify
+from sim.scenario.speculation import Disagreement, PartialVerify
 from sim.slots import INT, DecodeSlots
 
 
@@ -46,7 +48,8 @@ def plan_partial_verify(pv: PartialVerify, target, verify_tokens: int, pad_ragge
         # Re-feed the tokens accepted since the refresh, then verify the new drafts.
         q = s.since[:n][full] + V
         kv = span[full] + V - 1
-        groups.append(Group(FULL, len(q), int(q.sum()), int(q.max()), int(kv.sum()), int(q.sum()), q, kv))
+        groups.append(Group(phase=FULL, requests=len(q), tokens=int(q.sum()), query_max=int(q.max()),
+                            kv_tokens_sum=int(kv.sum()), logits_tokens=int(q.sum()), query_tokens=q, kv_tokens=kv))
         selections.append((target, len(q), int(ctx[full].sum()) + len(q) * (V - 1), int(q.sum()), pv.budget, pv.block,
                            "refresh" if pv.reselect == "refresh" else "summaries"))
         if pad_ragged:
@@ -54,7 +57,7 @@ def plan_partial_verify(pv: PartialVerify, target, verify_tokens: int, pad_ragge
             longest = int(q.max())
             for i in range(own, len(groups)):
                 g = groups[i]
-                groups[i] = g._replace(tokens=g.requests * longest, query_max=longest,
+                groups[i] = replace(g, tokens=g.requests * longest, query_max=longest,
                                        query_tokens=None if g.query_tokens is None else np.full(g.requests, longest))
     return selections, full, partial
 

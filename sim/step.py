@@ -28,10 +28,11 @@ from typing import Callable
 
 import numpy as np
 
-from sim.cost.batch import DECODE, DRAFT, PHASES, PREFILL, VERIFY, Group, uniform_group
+from sim.cost.batch import DECODE, DRAFT, PHASES, VERIFY, Group, prefill_group, uniform_group
 from sim.cost.memory import MemoryPlan, draft_offloaded_layers
 from sim.cost.stack import Stacks
-from sim.scenario.schema import PartialVerify, Scenario
+from sim.scenario.schema import Scenario
+from sim.scenario.speculation import PartialVerify
 from sim.slots import DecodeSlots
 from sim.specpv import plan_partial_verify
 
@@ -99,7 +100,8 @@ def step_config(scenario: Scenario, stacks: Stacks, memory: MemoryPlan, cost, sp
     k = spec.num_speculative_tokens if spec.tree is None else spec.draft_depth
     return StepConfig(
         stacks=stacks, target=cost.pricer(stacks.target),
-        draft=cost.pricer(stacks.draft) if stacks.draft is not None and speculative else None, method=spec.method, speculative=speculative, verify_tokens=verify_tokens,
+        draft=cost.pricer(stacks.draft) if stacks.draft is not None and speculative else None,
+        method=spec.method, speculative=speculative, verify_tokens=verify_tokens,
         tree_width=spec.tree.tokens_per_draft_forward if spec.tree is not None else 1,
         pad_ragged=scenario.scheduler.pad_ragged,
         prefill_per_request=scenario.scheduler.prefill_forward == "per_request",
@@ -222,8 +224,9 @@ def plan_step(config: StepConfig, shape: StepShape, slots: DecodeSlots, n: int, 
             else:
                 kv = ctx + (lengths - 1)
                 tokens = int(lengths.sum())
-                verify = Group(phase, n, tokens, int(lengths.max()), int(kv.sum()), tokens, lengths,
-                               kv if config.target_needs_kv else None)
+                verify = Group(phase=phase, requests=n, tokens=tokens, query_max=int(lengths.max()),
+                               kv_tokens_sum=int(kv.sum()), logits_tokens=tokens, query_tokens=lengths,
+                               kv_tokens=kv if config.target_needs_kv else None)
                 groups = [prefill, verify] if prefill is not None else [verify]
         if groups is None:
             if prefill is None:
@@ -249,19 +252,18 @@ def _plan_prefill(config: StepConfig, chunks, work: list) -> Group | None:
         if config.pad_ragged and len(piece) > 1:
             # A static-shape engine runs the prompts of one forward at the longest one's length.
             q, kv = [max(q)] * len(q), [max(kv)] * len(kv)
-        prefill = Group(PREFILL, len(piece), sum(q), max(q), sum(kv), logits, q, kv)
+        prefill = prefill_group(q, kv, logits)
         if stacks.draft is not None and stacks.draft_owns_kv:
             # The draft's own KV (EAGLE head, draft model) needs the prompt too: every prompt's, or
             # under route those of the requests in the method's lanes.
             lanes = config.lanes
             draft_piece = piece if lanes is None else [c for c in piece if lanes.runs_method(c[0][0])]
             if draft_piece is piece:
-                work.append((FORWARD, config.draft, [prefill._replace(logits_tokens=0)], 0, False))
+                work.append((FORWARD, config.draft, [prefill.without_logits()], 0, False))
             elif draft_piece:
                 q = [c for _, c in draft_piece]
                 kv = [e[1] + c for e, c in draft_piece]
-                work.append((FORWARD, config.draft, [Group(PREFILL, len(q), sum(q), max(q), sum(kv), 0, q, kv)], 0,
-                             False))
+                work.append((FORWARD, config.draft, [prefill_group(q, kv, 0)], 0, False))
         if config.prefill_per_request:
             work.append((FORWARD, config.target, [prefill], config.offloaded_layers, config.kv_offloaded))
             prefill = None

@@ -15,8 +15,8 @@ import numpy as np
 from sim.cost.model import cost_model_for
 from sim.cost.memory import plan_memory
 from sim.cost.stack import build_stacks
-from sim.policy import expected_tokens
-from sim.scenario.schema import Scenario, load_scenario
+from sim.scenario.load import load_scenario
+from sim.scenario.schema import Scenario
 from sim.slots import DecodeSlots
 from sim.step import price_decode_steps, step_config
 
@@ -42,9 +42,8 @@ class DecodeStepPricer:
         rows = scenario.scheduler.max_batch
         self.slots = DecodeSlots(min(rows, memory.max_running or rows))
 
-    def seconds(self, contexts: Sequence[int], survival: np.ndarray) -> np.ndarray:
-        """[K + 1] seconds of the step at k = 0..K; survival: [K] P(accepted >= j) the engine
-        expects (a drafter with its own KV catches up on what a step commits)."""
+    def seconds(self, contexts: Sequence[int], ks: range, expected_tokens: np.ndarray) -> np.ndarray:
+        """[len(ks)] seconds of the step at each k of ks; expected_tokens: [K + 1] what a step
+        drafting k = 0..K is expected to commit (a drafter with its own KV catches up on it)."""
         self.slots.hold(contexts)
-        return np.asarray(price_decode_steps(self.steps, self.cost, self.slots, len(contexts),
-                                             range(self.max_k + 1), expected_tokens(survival, self.max_k)))
+        return np.asarray(price_decode_steps(self.steps, self.cost, self.slots, len(contexts), ks, expected_tokens))

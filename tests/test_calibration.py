@@ -115,7 +115,7 @@ def test_calibrated_costs_grow_with_batch_and_context():
     from sim.cost.batch import DECODE, PHASES, uniform_group
     from sim.cost.model import cost_model_for
     from sim.cost.stack import build_stacks
-    from sim.scenario.schema import load_scenario
+    from sim.scenario.load import load_scenario
 
     scenario = load_scenario(smollm2_scenario())
     cost = cost_model_for(scenario)
@@ -188,7 +188,7 @@ def test_forward_factor_is_the_measured_ratios_interpolated_between_their_shapes
     assert factor(1, 64) == pytest.approx(1.05) and factor(4, 16384) == pytest.approx(1.00)
     # The cost model multiplies a decode forward by it.
     from sim.cost.model import cost_model_for
-    from sim.scenario.schema import load_scenario
+    from sim.scenario.load import load_scenario
 
     from sim.cost.stack import build_stacks
 
@@ -200,7 +200,7 @@ def test_selection_is_priced_by_its_own_factor_measured_in_forwards(tmp_path):
     from sim.cost.batch import PHASES
     from sim.cost.model import cost_model_for
     from sim.cost.stack import build_stacks
-    from sim.scenario.schema import load_scenario
+    from sim.scenario.load import load_scenario
 
     def selection_s(bundle, part, requests=1, context=1024):
         scenario = load_scenario(smollm2_scenario(calibration=str(bundle)))
@@ -388,7 +388,7 @@ def test_whole_prompts_read_the_prompt_table_and_chunks_after_a_prefix_the_prefi
 
     from sim.cost.model import cost_model_for
     from sim.cost.stack import build_stacks
-    from sim.scenario.schema import load_scenario
+    from sim.scenario.load import load_scenario
 
     config, out, _ = tiny_bundle
 

@@ -1,12 +1,12 @@
-"""The roofline cost model on cases priced by hand."""
+"""The composed cost model (roofline and black-box pricers) on cases priced by hand."""
 import pytest
 
 from conftest import UNIT_ENGINE, UNIT_HARDWARE
-from sim.cost.batch import DECODE, PARTIAL, PHASES, PREFILL, TRANSFER, VERIFY, FULL, Group, uniform_group
+from sim.cost.batch import DECODE, PARTIAL, PHASES, PREFILL, TRANSFER, VERIFY, FULL, Group, prompt_group, uniform_group
 from sim.cost.model import calibrated_cost_model, cost_model_for
 from sim.cost.roofline import ALLREDUCE_LATENCY_S
 from sim.cost.stack import build_stacks
-from sim.scenario.schema import load_scenario
+from sim.scenario.load import load_scenario
 
 
 def unit_scenario(tiny_config, **fields):
@@ -57,7 +57,7 @@ def test_prefill_prices_each_operator_on_its_own_roofline(tiny_config):
     attention = roof(16 * padded * (T - (T - 1) / 2), T * 8 + T * 8)
     lm_head = roof(2 * 40, 40 * 2 + 14 * 2)         # logits of the last token only
     s = shares()
-    got = cost.forward(target, [Group(PREFILL, 1, T, T, T, 1, [T], [T])], s)
+    got = cost.forward(target, [prompt_group(T)], s)
     assert attention == 16 * padded * (T - (T - 1) / 2) / 1e12   # the case is compute-bound
     assert got == pytest.approx(linears + elementwise + attention + lm_head, rel=1e-12)
     assert s[PREFILL] == pytest.approx(got, rel=1e-12)
@@ -119,7 +119,8 @@ def test_full_verify_group_pays_for_refed_tokens(tiny_config):
     cost = cost_model_for(scenario)
     target = build_stacks(scenario).target
     plain = cost.forward(target, [uniform_group(VERIFY, 1, 4, 1000)], shares())
-    refeed = cost.forward(target, [Group(FULL, 1, 24, 24, 1000, 24)], shares())
+    refeed_group = Group(phase=FULL, requests=1, tokens=24, query_max=24, kv_tokens_sum=1000, logits_tokens=24)
+    refeed = cost.forward(target, [refeed_group], shares())
     assert refeed > plain
 
 
@@ -142,7 +143,7 @@ def test_a_black_box_step_of_several_groups_pays_the_step_fixed_cost_once():
     cost, bundle, target = black_box_cost("cpu-vllm/smollm2-135m", "vllm", "fp32")
     forward, prefill = bundle.table("engine_forward"), bundle.table("engine_prefill")
     decode = uniform_group(DECODE, 4, 3, 4 * 544)
-    prompt = Group(PREFILL, 1, 256, 256, 256, 1, [256], [256])
+    prompt = prompt_group(256)
     alone_decode = cost.forward(target, [decode], shares())
     alone_prompt = cost.forward(target, [prompt], shares())
     assert alone_decode == pytest.approx(forward(4, 3, 544))
@@ -162,7 +163,7 @@ def test_a_black_box_of_quantized_weights_prices_the_target_from_its_steps():
     cost, bundle, target = black_box_cost("cpu-llama-cpp/smollm2-135m", "llama.cpp", "int4")
     decode = cost.forward_uniform(target, DECODE, 2, 1, 2 * 560, shares())
     verify = cost.forward(target, [uniform_group(VERIFY, 1, 3, 560)], shares())
-    prompt = cost.forward(target, [Group(PREFILL, 1, 1024, 1024, 1024, 1, [1024], [1024])], shares())
+    prompt = cost.forward(target, [prompt_group(1024)], shares())
     assert decode == pytest.approx(bundle.table("engine_forward")(2, 1, 560))
     assert verify == pytest.approx(bundle.table("engine_forward")(1, 3, 560))
     assert prompt == pytest.approx(bundle.table("engine_prefill")(1, 1024))
@@ -194,7 +195,7 @@ def test_a_black_box_eagle_head_is_priced_by_the_drafting_its_steps_add():
         parts = shares()
         seconds = cost.forward(head, [uniform_group(DRAFT, 4, 1, int(4 * kv))], parts)
         assert seconds == pytest.approx(draft_table(4, k + 1, kv) / k) and sum(parts) == pytest.approx(seconds)
-        prompt = Group(PREFILL, 1, 256, 256, 256, 0, [256], [256])
+        prompt = prompt_group(256, logits_tokens=0)
         assert cost.forward(head, [prompt], shares()) == pytest.approx(prefill_table(1, 256))
         assert not any("eagle" in w for w in cost.warnings)
     tree = load_scenario({**base, "speculation": {"method": "eagle", "tree": {"width": 2, "depth": 3},

@@ -16,9 +16,9 @@ from profiler.engine.eagle_head import EagleHead
 from profiler.engine.generate import generate
 from profiler.engine.loaders import random_model
 from profiler.engine.model import LlamaConfig
-from profiler.engine.policy import StepPolicy
 from profiler.engine.serving import ServeSpec, serve, speculative_generate
 from profiler.engine.tree import TreeShape
+from sim.policy import SpeculationPolicy
 
 TINY = LlamaConfig(name="tiny", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=64, vocab=50,
                    max_context=256, tied_embeddings=False)
@@ -61,11 +61,11 @@ def check_drafts_equal_the_evaluation(target, head, prompts, outputs, seen, k):
         assert nodes == chain[:len(nodes)], (request, len(history))      # a policy's shorter chains: a prefix
 
 
-class EveryThirdStepPlain(StepPolicy):
+class EveryThirdStepPlain(SpeculationPolicy):
     """k = 2, 3, then a step that drafts nothing (the head still reads that step's states)."""
     calls = 0
 
-    def choose_k(self, contexts, running):
+    def choose_k(self, running, decoding, price_s=None, state=None):
         self.calls += 1
         return (0, 2, 3)[self.calls % 3]
 

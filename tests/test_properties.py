@@ -5,7 +5,7 @@ import sim
 from sim.cost.batch import FULL, PARTIAL, PHASES, uniform_group
 from sim.cost.model import cost_model_for
 from sim.cost.stack import build_stacks
-from sim.scenario.schema import load_scenario
+from sim.scenario.load import load_scenario
 
 HARDWARE = st.sampled_from(["h100-sxm", "a100-80g", "l40", "rtx-4090"])
 MODELS = st.sampled_from(["llama-3.1-8b", "qwen2.5-7b", "llama-3.2-1b", "qwen3-4b"])

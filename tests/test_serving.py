@@ -10,6 +10,7 @@ from profiler.engine.drafters import DraftModelDrafter, NgramDrafter, ShadowDraf
 from profiler.engine.partial import PartialSpec  # noqa: E402
 from profiler.engine.serving import ServeSpec, poisson_arrivals, serve, speculative_generate  # noqa: E402
 from profiler.engine.tree import TreeShape  # noqa: E402
+from sim.policy import SpeculationPolicy  # noqa: E402
 from conftest import small_draft, spec_bench_rows  # noqa: E402
 
 NEW_TOKENS = 16
@@ -113,15 +114,16 @@ def test_bad_serve_specs_are_refused():
         ServeSpec(max_batch=2, arrival_s=(0.0, 0.5)).check(3)
 
 
-class _Alternating:
+class _Alternating(SpeculationPolicy):
     """A step policy switching between off, a short chain and the full one: every path a real
     policy can take, in one run."""
 
     def __init__(self):
+        super().__init__(3)
         self.calls = 0
         self.seen = []
 
-    def choose_k(self, contexts, running):
+    def choose_k(self, running, decoding, price_s=None, state=None):
         self.calls += 1
         return (0, 1, 3)[self.calls % 3]
 
@@ -159,7 +161,7 @@ def test_a_policy_changing_k_every_step_keeps_the_output_lossless(setup, drafter
 def test_off_above_batch_and_goodput_policies_on_the_engine(setup):
     from pathlib import Path
 
-    from profiler.engine.policy import Goodput, OffAboveBatch
+    from sim.policy import LearnedGoodput, OffAboveBatch
     from sim.step_price import DecodeStepPricer
 
     model, prompts, eos, reference = setup
@@ -176,9 +178,12 @@ def test_off_above_batch_and_goodput_policies_on_the_engine(setup):
                 "speculation": {"method": "ngram", "num_speculative_tokens": 3, "acceptance": {"rate": 0.5},
                                 "policy": "goodput"},
                 "scheduler": {"pad_ragged": True, "prefill_forward": "per_request", "max_batch": 3}}
-    goodput = Goodput(3, DecodeStepPricer(scenario, 3, 400))
-    served = serve(model, prompts, NEW_TOKENS, NgramDrafter(), spec, k=3, eos_id=eos, policy=goodput)
+    goodput = LearnedGoodput(3)
+    with pytest.raises(ValueError, match="step_pricer"):
+        serve(model, prompts, NEW_TOKENS, NgramDrafter(), spec, k=3, eos_id=eos, policy=goodput)
+    served = serve(model, prompts, NEW_TOKENS, NgramDrafter(), spec, k=3, eos_id=eos, policy=goodput,
+                   step_pricer=DecodeStepPricer(scenario, 3, 400))
     assert served.outputs == reference
     # The estimate moved from its prior toward what the steps showed.
-    assert not (goodput.survival() == Goodput(3, None).survival()).all()
+    assert not (goodput.survival() == LearnedGoodput(3).survival()).all()
     assert all(0 <= s.drafted <= 3 for s in served.steps)

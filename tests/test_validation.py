@@ -78,7 +78,8 @@ def test_repeats_of_a_served_run_keep_each_pass_median_latencies(tmp_path):
 
 
 def test_repeats_give_the_measurements_own_error_beside_the_predictions():
-    from sim.validate.compare import Comparison, aggregate, leave_one_out
+    from sim.validate.aggregate import aggregate, leave_one_out
+    from sim.validate.compare import Comparison
 
     assert leave_one_out((10.0, 11.0, 12.0)) == pytest.approx([abs(10 / 11.5 - 1), 0.0, abs(12 / 10.5 - 1)])
 
@@ -98,7 +99,8 @@ def test_repeats_give_the_measurements_own_error_beside_the_predictions():
 
 
 def test_served_latencies_are_summarized_over_open_loop_runs_with_their_repeats_floor():
-    from sim.validate.compare import Comparison, aggregate
+    from sim.validate.aggregate import aggregate
+    from sim.validate.compare import Comparison
 
     def row(run, open_loop, ttft_ms, repeats):
         return Comparison(run, "ngram", "ngram k=4", 8, 177.0, 26, "replay", 10.0, 10.0, 1.0, 1.0, None, None,
@@ -448,7 +450,7 @@ def test_a_drafted_share_below_one_commits_and_costs_less_in_a_flattening_engine
     assert padded.run.tokens_per_step_histogram == some.run.tokens_per_step_histogram
     assert padded.run.makespan_s > some.run.makespan_s
     with pytest.raises(InputError, match="draft_share"):
-        from sim.scenario.schema import load_scenario
+        from sim.scenario.load import load_scenario
         load_scenario({**scenario, "speculation": {**scenario["speculation"],
                                                    "acceptance": {"trace": "x.csv", "draft_share": 0.5}}})
 

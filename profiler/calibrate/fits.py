@@ -278,15 +278,17 @@ def predicted_forward(cost, target, batch: int, query: int, kv: int) -> float:
     from sim.cost.batch import DECODE, PHASES, PREFILL, VERIFY, Group
 
     if query > 64:      # a prompt: one request's chunk each, logits of its last token
-        group = Group(PREFILL, batch, batch * query, query, batch * kv, batch, [query] * batch, [kv] * batch)
+        group = Group(phase=PREFILL, requests=batch, tokens=batch * query, query_max=query, kv_tokens_sum=batch * kv,
+                      logits_tokens=batch, query_tokens=[query] * batch, kv_tokens=[kv] * batch)
     else:
-        group = Group(DECODE if query == 1 else VERIFY, batch, batch * query, query, batch * kv, batch * query)
+        group = Group(phase=DECODE if query == 1 else VERIFY, requests=batch, tokens=batch * query, query_max=query,
+                      kv_tokens_sum=batch * kv, logits_tokens=batch * query)
     return cost.forward(target, [group], [0.0] * len(PHASES))
 
 
 def _scenario(model_name: str, dtype_name: str, bundle: Path, hardware: str):
     """A scenario of this model on this device, reading the bundle (for its composed forwards)."""
-    from sim.scenario.schema import load_scenario
+    from sim.scenario.load import load_scenario
 
     return load_scenario({"model": model_name, "dtype": dtype_name, "hardware": hardware, "calibration": str(bundle),
                           "engine": "gpt-fast"})

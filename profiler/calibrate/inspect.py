@@ -73,7 +73,7 @@ def print_prices(bundle) -> None:
     from sim.cost.model import calibrated_cost_model
     from sim.cost.stack import build_stacks
     from sim.errors import InputError
-    from sim.scenario.schema import load_scenario
+    from sim.scenario.load import load_scenario
 
     meta = bundle.meta
     base = {"hardware": meta["device"].get("hardware") or "cpu", "model": meta["model"]["name"], "dtype": meta["dtype"],

@@ -28,6 +28,7 @@ import time
 from collections import deque
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -35,10 +36,13 @@ from profiler.engine.drafters import Drafter
 from profiler.engine.graphs import disable_graphs, enable_graphs
 from profiler.engine.model import Llama
 from profiler.engine.partial import PartialSpec
-from profiler.engine.policy import StepPolicy
 from profiler.engine.speculative import (Generation, RequestState, Sampler, device_sync, output_complete, refeed_room,
                                          run_step)
 from profiler.engine.tree import TreeShape
+from sim.policy import SpeculationPolicy
+
+if TYPE_CHECKING:
+    from sim.step_price import DecodeStepPricer
 
 
 @dataclass(frozen=True)
@@ -95,32 +99,34 @@ def poisson_arrivals(requests: int, rate_per_s: float, seed: int) -> tuple[float
 def speculative_generate(model: Llama, prompts: list[list[int]], max_new_tokens: int, drafter: Drafter | None,
                          k: int = 4, eos_id: int | None = None, sampler: Sampler | None = None,
                          tree: TreeShape | None = None, partial: PartialSpec | None = None,
-                         use_kernels: bool | None = None, policy: StepPolicy | None = None,
+                         use_kernels: bool | None = None, policy: SpeculationPolicy | None = None,
                          use_graphs: bool | None = None, cache_tokens: int = 0, mark_steps: bool = False,
-                         rows: int | None = None) -> Generation:
+                         rows: int | None = None, step_pricer: DecodeStepPricer | None = None) -> Generation:
     """Generation of every prompt as one static batch (prefilled in one forward, decoded until its
     last request finishes, each request leaving the step it finishes), greedy (or sampled with
     `sampler`); speculative when `drafter` is given, drafting a chain of k or `tree`; SpecPV
     partial verification with `partial`. use_kernels: verification attention by spec_kernels.attention
     (default: on CUDA; on the CPU it needs TRITON_INTERPRET=1 and runs the Triton code
-    interpreted, for tests); policy: the drafts each step (profiler.engine.policy); use_graphs,
-    cache_tokens, mark_steps: as `serve`; rows: the KV cache's rows (default: one per prompt), the
-    same for every batch of a run, so that a short last batch keeps the cache and its graphs."""
+    interpreted, for tests); policy, step_pricer, use_graphs, cache_tokens, mark_steps: as `serve`;
+    rows: the KV cache's rows (default: one per prompt), the same for every batch of a run, so that
+    a short last batch keeps the cache and its graphs."""
     B = len(prompts)
     return serve(model, prompts, max_new_tokens, drafter, ServeSpec(max_batch=max(rows or B, B), static=True,
                                                                     concurrency=B), k, eos_id,
-                 sampler, tree, partial, use_kernels, policy, use_graphs, cache_tokens, mark_steps)
+                 sampler, tree, partial, use_kernels, policy, use_graphs, cache_tokens, mark_steps, step_pricer)
 
 
 @torch.inference_mode()
 def serve(model: Llama, prompts: list[list[int]], max_new_tokens: int, drafter: Drafter | None, spec: ServeSpec,
           k: int = 4, eos_id: int | None = None, sampler: Sampler | None = None, tree: TreeShape | None = None,
-          partial: PartialSpec | None = None, use_kernels: bool | None = None, policy: StepPolicy | None = None,
-          use_graphs: bool | None = None, cache_tokens: int = 0, mark_steps: bool = False) -> Served:
+          partial: PartialSpec | None = None, use_kernels: bool | None = None, policy: SpeculationPolicy | None = None,
+          use_graphs: bool | None = None, cache_tokens: int = 0, mark_steps: bool = False,
+          step_pricer: DecodeStepPricer | None = None) -> Served:
     """Serve every prompt as `spec` says; greedy (or sampled), speculative when `drafter` is given,
-    drafting k per step (or `tree`) or what `policy` chooses each step (a chain of up to k, or
-    none: a plain decode step). use_graphs: replay the kernel path's decode, verify and chain-draft
-    forwards from CUDA graphs (default: on CUDA; profiler.engine.graphs). cache_tokens: size the KV
+    drafting k per step (or `tree`) or what `policy` (sim.policy) chooses each step (a chain of up to
+    k, or none: a plain decode step), told each step's records; step_pricer: the step's price at each
+    k, the simulator's (what goodput weighs). use_graphs: replay the kernel path's decode, verify and
+    chain-draft forwards from CUDA graphs (default: on CUDA; profiler.engine.graphs). cache_tokens: size the KV
     cache for at least this many slots (a warm-up sized like the run after it, which then keeps its
     cache and graphs). mark_steps: each engine step inside a profiler range named STEP_RANGE
     (profiler.live.launches counts in them; off otherwise, since an open range costs some 50 us a
@@ -128,6 +134,8 @@ def serve(model: Llama, prompts: list[list[int]], max_new_tokens: int, drafter: 
     spec.check(len(prompts))
     if policy is not None and (drafter is None or partial is not None):
         raise ValueError("a speculation policy needs a drafter and no partial verification")
+    if policy is not None and policy.kind == "goodput" and step_pricer is None:
+        raise ValueError("goodput weighs the step's price: give a step_pricer")
     if partial is not None and partial.rectify and sampler is not None:
         raise ValueError("rectify re-checks greedy choices; it takes no temperature")
     shape = (tree or TreeShape(1, k)) if drafter is not None else None
@@ -197,7 +205,10 @@ def serve(model: Llama, prompts: list[list[int]], max_new_tokens: int, drafter: 
             step += 1
             step_drafter, step_shape = drafter, shape
             if policy is not None:
-                k_now = policy.choose_k([r.position for r in alive], running)
+                contexts = [r.position for r in alive]
+                price_s = None if step_pricer is None else (
+                    lambda ks, expected: step_pricer.seconds(contexts, ks, expected))
+                k_now = policy.choose_k(running, len(alive), price_s)
                 if k_now == 0:
                     step_drafter, step_shape = None, None
                     drafter.follow(model, alive)

@@ -51,7 +51,7 @@ class Sampler:
         return sample(probs, self.generator), probs
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StepRecord:
     step: int
     request: int
@@ -184,10 +184,11 @@ def run_step(model: Llama, alive: list[RequestState], drafter: Drafter | None, s
             refreshed.append(b)
         elif modes[b] == "partial":
             r.steps_since += 1
-        records.append(StepRecord(step, r.request, modes[b], layout.query_tokens[b], layout.kv_tokens[b],
-                                  nodes_per_step, len(path), 1 - rolled_back if rolled_back else len(new),
-                                  flags, t1 - t0, t2 - t1 - selection_s, 0.0, refed=layout.refed[b],
-                                  rolled_back=rolled_back))
+        records.append(StepRecord(
+            step=step, request=r.request, mode=modes[b], query_tokens=layout.query_tokens[b],
+            kv_tokens=layout.kv_tokens[b], drafted=nodes_per_step, accepted=len(path),
+            committed=1 - rolled_back if rolled_back else len(new), accept_flags=flags, draft_s=t1 - t0,
+            verify_s=t2 - t1 - selection_s, other_s=0.0, refed=layout.refed[b], rolled_back=rolled_back))
     if hidden:
         reader.take_hidden(model.kept_hidden, hidden)
     if moves:

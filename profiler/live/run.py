@@ -97,14 +97,15 @@ def read_arrival_times(path, requests: int) -> tuple[float, ...]:
 
 
 def make_policy(settings: LiveConfig, config, prompts: list[list[int]]):
-    """The engine's speculation policy (None: static, k at every step)."""
-    from profiler.engine.policy import Goodput, OffAboveBatch
+    """The engine's speculation policy (None: static, k at every step) and, for goodput, the
+    simulator's price of a step at each k (sim.step_price)."""
+    from sim.policy import LearnedGoodput, OffAboveBatch
 
     kind, batch = parse_policy(settings.policy)
     if kind == "off_above_batch":
-        return OffAboveBatch(settings.k, batch)
+        return OffAboveBatch(settings.k, batch), None
     if kind != "goodput":
-        return None
+        return None, None
     from sim.formats.bundle import load_bundle
     from sim.scenario.presets.models import preset_with_shape
     from sim.step_price import DecodeStepPricer
@@ -123,7 +124,7 @@ def make_policy(settings: LiveConfig, config, prompts: list[list[int]]):
                                 "acceptance": {"rate": 0.5}, "policy": "goodput", **draft_settings(settings, longest)},
                 # The engine lays a step's rows out at the longest (profiler.engine.speculative).
                 "scheduler": {"pad_ragged": True, "prefill_forward": "per_request", "max_batch": settings.batch}}
-    return Goodput(settings.k, DecodeStepPricer(scenario, settings.batch, longest))
+    return LearnedGoodput(settings.k), DecodeStepPricer(scenario, settings.batch, longest)
 
 
 def draft_settings(settings: LiveConfig, longest: int) -> dict:
@@ -143,8 +144,9 @@ def draft_settings(settings: LiveConfig, longest: int) -> dict:
 
 
 def run_batches(model, prompts: list[list[int]], settings: LiveConfig, drafter, eos_id, label: str, policy=None,
-                cache_tokens: int = 0, mark_steps: bool = False):
-    """Serve the prompts as the settings say (static batches, or continuously); cache_tokens: the
+                cache_tokens: int = 0, mark_steps: bool = False, step_pricer=None):
+    """Serve the prompts as the settings say (static batches, or continuously), drafting what
+    `policy` chooses (priced by `step_pricer`, as make_policy gives them); cache_tokens: the
     KV cache's size, the same for every batch and pass of a run, so that it and the CUDA graphs
     captured on it are kept from the warm-up on (profiler.engine.graphs); mark_steps: each engine
     step in a profiler range (profiler.live.launches)."""
@@ -170,7 +172,7 @@ def run_batches(model, prompts: list[list[int]], settings: LiveConfig, drafter, 
         spec = serve_spec(settings, prompts)
         return [(0, serve(model, prompts, settings.max_new_tokens, drafter, spec, k=settings.k, eos_id=eos_id,
                           sampler=sampler, tree=tree, partial=partial, policy=policy, use_graphs=uses_graphs(settings),
-                          cache_tokens=cache_tokens, mark_steps=mark_steps))]
+                          cache_tokens=cache_tokens, mark_steps=mark_steps, step_pricer=step_pricer))]
     runs = []
     batches = range(0, len(prompts), settings.batch)
     for first in tqdm(batches, desc=label, unit="batch", disable=len(batches) < 2, leave=False):
@@ -178,7 +180,7 @@ def run_batches(model, prompts: list[list[int]], settings: LiveConfig, drafter, 
                                                  drafter, k=settings.k, eos_id=eos_id, sampler=sampler, tree=tree,
                                                  partial=partial, policy=policy, use_graphs=uses_graphs(settings),
                                                  cache_tokens=cache_tokens, mark_steps=mark_steps,
-                                                 rows=settings.batch)))
+                                                 rows=settings.batch, step_pricer=step_pricer)))
     return runs
 
 
@@ -290,11 +292,12 @@ def run_live(settings: LiveConfig, models: dict | None = None, quiet: bool = Fal
 
         drafter.records = record_continuations(model, prompts, settings.max_new_tokens, depth, settings.batch,
                                                tok.eos_id, cache_tokens)
-    policy = make_policy(settings, config, prompts) if drafter is not None else None
+    policy, step_pricer = make_policy(settings, config, prompts) if drafter is not None else (None, None)
     warm_up(model, prompts, settings, drafter, tok.eos_id, cache_tokens)
     if settings.method == "synthetic":
         drafter.reset()                    # the run draws from the seed and counts from zero, warm-up or not
-    speculative = run_batches(model, prompts, settings, drafter, tok.eos_id, settings.method, policy, cache_tokens)
+    speculative = run_batches(model, prompts, settings, drafter, tok.eos_id, settings.method, policy, cache_tokens,
+                              step_pricer=step_pricer)
     baseline = None
     if settings.baseline or settings.check_lossless:
         baseline = (speculative if settings.method == "none"

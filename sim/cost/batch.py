@@ -7,7 +7,7 @@ attention cost needs; per-request KV arrays are given where the cost is not line
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -17,7 +17,10 @@ from sim.formats.names import PHASES
 PREFILL, DECODE, VERIFY, PARTIAL, FULL, DRAFT, SELECTION, TRANSFER, OVERHEAD = range(len(PHASES))
 
 
-class Group(NamedTuple):
+# Not frozen: a frozen dataclass's __init__ costs twice a plain one's, and groups are built every
+# iteration. Treat a group as a value; `dataclasses.replace` makes a changed copy.
+@dataclass(kw_only=True, slots=True)
+class Group:
     """Requests of one phase in one forward.
 
     tokens: query tokens of the whole group (what the linear layers see).
@@ -37,9 +40,29 @@ class Group(NamedTuple):
     query_tokens: np.ndarray | None = None
     kv_tokens: np.ndarray | None = None
 
+    def without_logits(self) -> Group:
+        """The same requests and tokens, no logits (a draft's own KV taking a prompt)."""
+        return Group(phase=self.phase, requests=self.requests, tokens=self.tokens, query_max=self.query_max,
+                     kv_tokens_sum=self.kv_tokens_sum, logits_tokens=0, query_tokens=self.query_tokens,
+                     kv_tokens=self.kv_tokens)
+
 
 def uniform_group(phase: int, requests: int, query: int, kv_tokens_sum: int, logits: bool = True,
                   kv_tokens: np.ndarray | None = None) -> Group:
     """A group whose requests all run `query` tokens (decode, verify, draft forwards)."""
     tokens = requests * query
-    return Group(phase, requests, tokens, query, kv_tokens_sum, tokens if logits else 0, None, kv_tokens)
+    return Group(phase=phase, requests=requests, tokens=tokens, query_max=query, kv_tokens_sum=kv_tokens_sum,
+                 logits_tokens=tokens if logits else 0, kv_tokens=kv_tokens)
+
+
+def prefill_group(query_tokens: list[int], kv_tokens: list[int], logits_tokens: int) -> Group:
+    """Prompt chunks of one forward: each request's new tokens and the KV it reads, those included."""
+    return Group(phase=PREFILL, requests=len(query_tokens), tokens=sum(query_tokens), query_max=max(query_tokens),
+                 kv_tokens_sum=sum(kv_tokens), logits_tokens=logits_tokens, query_tokens=query_tokens,
+                 kv_tokens=kv_tokens)
+
+
+def prompt_group(tokens: int, logits_tokens: int = 1) -> Group:
+    """One request's whole prompt of `tokens`, in one forward (logits of its last token by default)."""
+    return Group(phase=PREFILL, requests=1, tokens=tokens, query_max=tokens, kv_tokens_sum=tokens,
+                 logits_tokens=logits_tokens, query_tokens=[tokens], kv_tokens=[tokens])

@@ -401,7 +401,8 @@ class RooflinePricer:
         fixed_s, per_kv_s, query_ridge, c = terms
         if query > query_ridge or kv_offloaded:
             kv = context + kv_offset if context is not None else None
-            group = Group(phase, requests, tokens, query, kv_tokens_sum, logits_tokens, None, kv)
+            group = Group(phase=phase, requests=requests, tokens=tokens, query_max=query, kv_tokens_sum=kv_tokens_sum,
+                          logits_tokens=logits_tokens, kv_tokens=kv)
             return self.forward([group], shares, offloaded_layers, kv_offloaded, repeat)
         total = fixed_s + kv_tokens_sum * per_kv_s
         shares[phase] += total * repeat

@@ -14,15 +14,13 @@ from sim.scenario.presets.models import dense_linears, mean_layer_params, moe_li
 from sim.scenario.schema import Scenario
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Stack:
+    """A run of identical decoder layers of `shape` (a model's width, heads, MLP, experts and
+    attention kind: its own layers and vocabulary aside) and an LM head."""
     name: str
+    shape: ModelSpec
     layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    ffn: int
     weight_bytes: float          # bytes per decoder-layer weight (2 for bf16, ~0.56 for int4 g64)
     lm_head_vocab: int           # 0 when the forward needs no logits of its own
     lm_head_count: int = 1       # Medusa runs one LM head per drafted position
@@ -30,8 +28,16 @@ class Stack:
     extra_linears: tuple[tuple[int, int], ...] = ()
     attention: bool = True
     kv_window: int | None = None  # attention reads at most this many KV tokens (streaming self-draft)
-    experts: Experts | None = None  # a mixture of experts in every layer past experts.dense_layers
-    latent: Latent | None = None    # multi-head latent attention instead of GQA
+
+    # The layers' shape, as the operators read it.
+    hidden = property(lambda self: self.shape.hidden)
+    heads = property(lambda self: self.shape.heads)
+    kv_heads = property(lambda self: self.shape.kv_heads)
+    head_dim = property(lambda self: self.shape.head_dim)
+    ffn = property(lambda self: self.shape.ffn)
+    experts = property(lambda self: self.shape.experts,
+                       doc="a mixture of experts in every layer past experts.dense_layers")
+    latent = property(lambda self: self.shape.latent, doc="multi-head latent attention instead of GQA")
 
     @property
     def linears(self) -> tuple[tuple[str, int, int], ...]:
@@ -60,13 +66,14 @@ class Stack:
         return self.layer_weight_params * self.weight_bytes
 
 
-def stack_of(model: ModelSpec, name: str, weight_bytes: float, layers: int | None = None,
-             **kw) -> Stack:
-    kw.setdefault("experts", model.experts)
-    kw.setdefault("latent", model.latent)
-    return Stack(name=name, layers=model.layers if layers is None else layers, hidden=model.hidden,
-                 heads=model.heads, kv_heads=model.kv_heads, head_dim=model.head_dim, ffn=model.ffn,
-                 weight_bytes=weight_bytes, **kw)
+def stack_of(model: ModelSpec, name: str, weight_bytes: float, layers: int | None = None, *,
+             experts: Experts | None = ..., latent: Latent | None = ..., **kw) -> Stack:
+    """A stack of `model`'s layers (all of them, or the first `layers`), with other experts or
+    attention where given (an EAGLE head is dense whatever its target; an MTP module's experts have
+    no dense first layers)."""
+    changes = {k: v for k, v in (("experts", experts), ("latent", latent)) if v is not ...}
+    return Stack(name=name, shape=replace(model, **changes) if changes else model,
+                 layers=model.layers if layers is None else layers, weight_bytes=weight_bytes, **kw)
 
 
 def quantized_weight_bytes(bits: int, group_size: int) -> float:
@@ -120,9 +127,8 @@ def build_stacks(scenario: Scenario) -> Stacks:
         # One forward: a residual block (h x h) and an LM head per drafted position, no attention.
         heads = spec.draft_depth
         blocks = tuple((model.hidden, model.hidden) for _ in range(heads))
-        head = Stack("medusa", 0, model.hidden, model.heads, model.kv_heads, model.head_dim, model.ffn,
-                     wbytes, lm_head_vocab=model.vocab, lm_head_count=heads, extra_linears=blocks,
-                     attention=False)
+        head = Stack(name="medusa", shape=model, layers=0, weight_bytes=wbytes, lm_head_vocab=model.vocab,
+                     lm_head_count=heads, extra_linears=blocks, attention=False)
         resident = heads * (model.hidden * model.hidden + model.vocab * model.hidden) * scenario.dtype_bytes
         return Stacks(target, head, draft_weights_resident_bytes=resident)
     if method == "shadow":

@@ -153,7 +153,8 @@ def uniform_of(stack: Stack, phase: int, requests: int, query: int, kv_tokens_su
     if logits_tokens is None:
         logits_tokens = tokens
     kv = context + kv_offset if context is not None and stack.kv_window is not None else None
-    return Group(phase, requests, tokens, query, kv_tokens_sum, logits_tokens, None, kv)
+    return Group(phase=phase, requests=requests, tokens=tokens, query_max=query, kv_tokens_sum=kv_tokens_sum,
+                 logits_tokens=logits_tokens, kv_tokens=kv)
 
 
 def select_from_tables(bundle: Bundle, forward_factor, selection_factor, roofline: RooflinePricer, requests: int,

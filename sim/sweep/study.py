@@ -35,16 +35,13 @@ from pathlib import Path
 from typing import Any, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, ValidationError
+from pydantic import Field, NonNegativeFloat, PositiveFloat, ValidationError
 
 from sim.errors import InputError
 from sim.formats.provenance import REPO_ROOT, repo_relative
+from sim.scenario.strict import Strict
 
 EMBEDDED = {"default": "default.yaml", "smoke": "smoke.yaml"}
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Method(Strict):
@@ -161,7 +158,7 @@ def resolve_path(value: str, base_dir: Path) -> Path | None:
 
 def expand_points(loaded: LoadedStudy) -> list[Point]:
     """Every point of the study, in study order: group, method, then the grid's product."""
-    from sim.scenario.schema import read_mapping, resolve_relative_paths
+    from sim.scenario.load import read_mapping, resolve_relative_paths
 
     study = loaded.study
     points, seen = [], set()
@@ -258,7 +255,7 @@ def check_points(points: list[Point]) -> None:
     import numpy as np
 
     from sim.acceptance import build_acceptance
-    from sim.scenario.schema import load_scenario
+    from sim.scenario.load import load_scenario
     from sim.simulate import plan
 
     for point in points:

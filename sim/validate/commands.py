@@ -19,7 +19,8 @@ def validate(paths: list[Path], calibration: Path | None = None, out: Path | Non
     `out` write validation.csv (provenance first) and parity.html; with `docs`, replace the table
     between the Markdown file's markers named after `out`."""
     from sim.formats.campaign import expand_run_folders, is_campaign, read_record
-    from sim.validate.compare import compare_runs, format_comparisons
+    from sim.validate.aggregate import format_comparisons
+    from sim.validate.compare import compare_runs
     from sim.validate.parity import comparisons_frame, parity_html
     from sim.validate.runs import ServerRun, read_runs
 
@@ -203,7 +204,8 @@ def update_docs(path: Path, name: str, table: str) -> None:
 
 
 def markdown_tables(rows, command: str) -> str:
-    from sim.validate.compare import AT_PROBE, METRICS, PREDICTIONS, aggregate
+    from sim.validate.aggregate import aggregate
+    from sim.validate.compare import AT_PROBE, METRICS, PREDICTIONS
 
     pct = lambda x: "" if x is None else f"{x:+.1%}"
     ms = lambda x: "" if math.isnan(x) else f"{x:.0f}"

@@ -40,10 +40,10 @@ def calibration_probe(bundle_meta: dict, shapes: dict) -> dict | None:
 
 def priced_probe(scenario: dict, shapes: dict) -> dict | None:
     """The two probe forwards priced by the scenario's cost model (None without a calibration)."""
-    from sim.cost.batch import DECODE, PHASES, PREFILL, Group
+    from sim.cost.batch import DECODE, PHASES, Group, prompt_group
     from sim.cost.model import cost_model_for
     from sim.cost.stack import build_stacks
-    from sim.scenario.schema import load_scenario
+    from sim.scenario.load import load_scenario
 
     loaded = load_scenario(scenario)
     if loaded.calibration is None:
@@ -51,8 +51,8 @@ def priced_probe(scenario: dict, shapes: dict) -> dict | None:
     cost = cost_model_for(loaded)
     target = build_stacks(loaded).target
     kv, prompt = shapes["decode_kv"], shapes["prompt_tokens"]
-    decode = Group(DECODE, 1, 1, 1, kv, 1)
-    whole_prompt = Group(PREFILL, 1, prompt, prompt, prompt, 1, [prompt], [prompt])
+    decode = Group(phase=DECODE, requests=1, tokens=1, query_max=1, kv_tokens_sum=kv, logits_tokens=1)
+    whole_prompt = prompt_group(prompt)
     return {"decode_s": cost.forward(target, [decode], [0.0] * len(PHASES)),
             "prompt_s": cost.forward(target, [whole_prompt], [0.0] * len(PHASES))}
 

@@ -39,7 +39,7 @@ class Latent:
     q_rank: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     name: str
     layers: int
@@ -117,81 +117,112 @@ def mean_layer_params(shape, layers: int, routed: int | None = None) -> int:
     return round((dense_layers * dense + (layers - dense_layers) * moe) / layers)
 
 
-def _m(name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, tied, max_context, **kw) -> ModelSpec:
-    return ModelSpec(name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, tied, max_context, **kw)
-
-
 MODELS: dict[str, ModelSpec] = {m.name: m for m in [
     # meta-llama/Llama-2-{7,13,70}b-hf
-    _m("llama-2-7b", 32, 4096, 32, 32, 128, 11008, 32000, False, 4096),
-    _m("llama-2-13b", 40, 5120, 40, 40, 128, 13824, 32000, False, 4096),
-    _m("llama-2-70b", 80, 8192, 64, 8, 128, 28672, 32000, False, 4096),
+    ModelSpec(name="llama-2-7b", layers=32, hidden=4096, heads=32, kv_heads=32, head_dim=128, ffn=11008,
+              vocab=32000, tied_embeddings=False, max_context=4096),
+    ModelSpec(name="llama-2-13b", layers=40, hidden=5120, heads=40, kv_heads=40, head_dim=128, ffn=13824,
+              vocab=32000, tied_embeddings=False, max_context=4096),
+    ModelSpec(name="llama-2-70b", layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128, ffn=28672,
+              vocab=32000, tied_embeddings=False, max_context=4096),
     # meta-llama/Meta-Llama-3-{8,70}B
-    _m("llama-3-8b", 32, 4096, 32, 8, 128, 14336, 128256, False, 8192),
-    _m("llama-3-70b", 80, 8192, 64, 8, 128, 28672, 128256, False, 8192),
+    ModelSpec(name="llama-3-8b", layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=14336,
+              vocab=128256, tied_embeddings=False, max_context=8192),
+    ModelSpec(name="llama-3-70b", layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128, ffn=28672,
+              vocab=128256, tied_embeddings=False, max_context=8192),
     # meta-llama/Llama-3.1-8B
-    _m("llama-3.1-8b", 32, 4096, 32, 8, 128, 14336, 128256, False, 131072),
+    ModelSpec(name="llama-3.1-8b", layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=14336,
+              vocab=128256, tied_embeddings=False, max_context=131072),
     # meta-llama/Llama-3.1-70B-Instruct and Llama-3.3-70B-Instruct (the same shape)
-    _m("llama-3.1-70b", 80, 8192, 64, 8, 128, 28672, 128256, False, 131072),
-    _m("llama-3.3-70b", 80, 8192, 64, 8, 128, 28672, 128256, False, 131072),
+    ModelSpec(name="llama-3.1-70b", layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128, ffn=28672,
+              vocab=128256, tied_embeddings=False, max_context=131072),
+    ModelSpec(name="llama-3.3-70b", layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128, ffn=28672,
+              vocab=128256, tied_embeddings=False, max_context=131072),
     # togethercomputer/LLaMA-2-7B-32K (Llama-2-7B with interpolated positions)
-    _m("llama-2-7b-32k", 32, 4096, 32, 32, 128, 11008, 32000, False, 32768),
+    ModelSpec(name="llama-2-7b-32k", layers=32, hidden=4096, heads=32, kv_heads=32, head_dim=128, ffn=11008,
+              vocab=32000, tied_embeddings=False, max_context=32768),
     # NousResearch/Yarn-Llama-2-7b-128k
-    _m("yarn-llama-2-7b-128k", 32, 4096, 32, 32, 128, 11008, 32000, False, 131072),
+    ModelSpec(name="yarn-llama-2-7b-128k", layers=32, hidden=4096, heads=32, kv_heads=32, head_dim=128,
+              ffn=11008, vocab=32000, tied_embeddings=False, max_context=131072),
     # mistralai/Mixtral-8x7B-Instruct-v0.1: 8 experts, top 2, every layer
-    _m("mixtral-8x7b", 32, 4096, 32, 8, 128, 14336, 32000, False, 32768,
-       experts=Experts(routed=8, top_k=2, ffn=14336)),
+    ModelSpec(name="mixtral-8x7b", layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=14336,
+              vocab=32000, tied_embeddings=False, max_context=32768,
+              experts=Experts(routed=8, top_k=2, ffn=14336)),
     # Qwen/Qwen3-30B-A3B: 128 experts of width 768, top 8, no shared expert
-    _m("qwen3-30b-a3b", 48, 2048, 32, 4, 128, 6144, 151936, False, 40960,
-       experts=Experts(routed=128, top_k=8, ffn=768)),
+    ModelSpec(name="qwen3-30b-a3b", layers=48, hidden=2048, heads=32, kv_heads=4, head_dim=128, ffn=6144,
+              vocab=151936, tied_embeddings=False, max_context=40960,
+              experts=Experts(routed=128, top_k=8, ffn=768)),
     # Qwen/Qwen3-235B-A22B: 128 experts of width 1536, top 8
-    _m("qwen3-235b-a22b", 94, 4096, 64, 4, 128, 12288, 151936, False, 40960,
-       experts=Experts(routed=128, top_k=8, ffn=1536)),
+    ModelSpec(name="qwen3-235b-a22b", layers=94, hidden=4096, heads=64, kv_heads=4, head_dim=128, ffn=12288,
+              vocab=151936, tied_embeddings=False, max_context=40960,
+              experts=Experts(routed=128, top_k=8, ffn=1536)),
     # deepseek-ai/DeepSeek-V3 (and R1): MLA (kv_lora_rank 512, rope 64, nope 128, v 128, q_lora_rank
     # 1536), 256 routed experts of width 2048, top 8, one shared, first 3 layers dense (18432), one MTP layer
-    _m("deepseek-v3", 61, 7168, 128, 128, 192, 18432, 129280, False, 163840,
-       experts=Experts(routed=256, top_k=8, ffn=2048, shared=1, dense_layers=3),
-       latent=Latent(kv_rank=512, rope_dim=64, nope_dim=128, v_dim=128, q_rank=1536), mtp_layers=1),
+    ModelSpec(name="deepseek-v3", layers=61, hidden=7168, heads=128, kv_heads=128, head_dim=192, ffn=18432,
+              vocab=129280, tied_embeddings=False, max_context=163840,
+              experts=Experts(routed=256, top_k=8, ffn=2048, shared=1, dense_layers=3),
+              latent=Latent(kv_rank=512, rope_dim=64, nope_dim=128, v_dim=128, q_rank=1536), mtp_layers=1),
     # zai-org/GLM-4.5-Air: GQA 96/8 heads of 128, 128 experts of width 1408, top 8, one shared,
     # first layer dense (10944), one MTP layer
-    _m("glm-4.5-air", 46, 4096, 96, 8, 128, 10944, 151552, False, 131072,
-       experts=Experts(routed=128, top_k=8, ffn=1408, shared=1, dense_layers=1), mtp_layers=1),
+    ModelSpec(name="glm-4.5-air", layers=46, hidden=4096, heads=96, kv_heads=8, head_dim=128, ffn=10944,
+              vocab=151552, tied_embeddings=False, max_context=131072,
+              experts=Experts(routed=128, top_k=8, ffn=1408, shared=1, dense_layers=1), mtp_layers=1),
     # zai-org/GLM-4.5: 160 experts of width 1536, top 8, one shared, first 3 layers dense (12288)
-    _m("glm-4.5", 92, 5120, 96, 8, 128, 12288, 151552, False, 131072,
-       experts=Experts(routed=160, top_k=8, ffn=1536, shared=1, dense_layers=3), mtp_layers=1),
+    ModelSpec(name="glm-4.5", layers=92, hidden=5120, heads=96, kv_heads=8, head_dim=128, ffn=12288,
+              vocab=151552, tied_embeddings=False, max_context=131072,
+              experts=Experts(routed=160, top_k=8, ffn=1536, shared=1, dense_layers=3), mtp_layers=1),
     # openai/gpt-oss-{20b,120b}: GQA 64/8 heads of 64, experts of width 2880, top 4 (the
     # alternating 128-token sliding window is not modelled: every layer reads the whole context)
-    _m("gpt-oss-20b", 24, 2880, 64, 8, 64, 2880, 201088, False, 131072,
-       experts=Experts(routed=32, top_k=4, ffn=2880)),
-    _m("gpt-oss-120b", 36, 2880, 64, 8, 64, 2880, 201088, False, 131072,
-       experts=Experts(routed=128, top_k=4, ffn=2880)),
+    ModelSpec(name="gpt-oss-20b", layers=24, hidden=2880, heads=64, kv_heads=8, head_dim=64, ffn=2880,
+              vocab=201088, tied_embeddings=False, max_context=131072,
+              experts=Experts(routed=32, top_k=4, ffn=2880)),
+    ModelSpec(name="gpt-oss-120b", layers=36, hidden=2880, heads=64, kv_heads=8, head_dim=64, ffn=2880,
+              vocab=201088, tied_embeddings=False, max_context=131072,
+              experts=Experts(routed=128, top_k=4, ffn=2880)),
     # meta-llama/Llama-3.2-1B (head_dim 64, tied embeddings)
-    _m("llama-3.2-1b", 16, 2048, 32, 8, 64, 8192, 128256, True, 131072),
+    ModelSpec(name="llama-3.2-1b", layers=16, hidden=2048, heads=32, kv_heads=8, head_dim=64, ffn=8192,
+              vocab=128256, tied_embeddings=True, max_context=131072),
     # Qwen/Qwen2.5-{1.5B,7B,14B,32B}-Instruct (Qwen2 architecture: Llama plus a QKV bias)
-    _m("qwen2.5-1.5b", 28, 1536, 12, 2, 128, 8960, 151936, True, 32768),
-    _m("qwen2.5-7b", 28, 3584, 28, 4, 128, 18944, 152064, False, 32768),
-    _m("qwen2.5-14b", 48, 5120, 40, 8, 128, 13824, 152064, False, 32768),
-    _m("qwen2.5-32b", 64, 5120, 40, 8, 128, 27648, 152064, False, 32768),
+    ModelSpec(name="qwen2.5-1.5b", layers=28, hidden=1536, heads=12, kv_heads=2, head_dim=128, ffn=8960,
+              vocab=151936, tied_embeddings=True, max_context=32768),
+    ModelSpec(name="qwen2.5-7b", layers=28, hidden=3584, heads=28, kv_heads=4, head_dim=128, ffn=18944,
+              vocab=152064, tied_embeddings=False, max_context=32768),
+    ModelSpec(name="qwen2.5-14b", layers=48, hidden=5120, heads=40, kv_heads=8, head_dim=128, ffn=13824,
+              vocab=152064, tied_embeddings=False, max_context=32768),
+    ModelSpec(name="qwen2.5-32b", layers=64, hidden=5120, heads=40, kv_heads=8, head_dim=128, ffn=27648,
+              vocab=152064, tied_embeddings=False, max_context=32768),
     # Qwen/Qwen3-{4B,8B,14B} (explicit head_dim 128, QK-norm)
-    _m("qwen3-4b", 36, 2560, 32, 8, 128, 9728, 151936, True, 40960),
-    _m("qwen3-8b", 36, 4096, 32, 8, 128, 12288, 151936, False, 40960),
-    _m("qwen3-14b", 40, 5120, 40, 8, 128, 17408, 151936, False, 40960),
+    ModelSpec(name="qwen3-4b", layers=36, hidden=2560, heads=32, kv_heads=8, head_dim=128, ffn=9728,
+              vocab=151936, tied_embeddings=True, max_context=40960),
+    ModelSpec(name="qwen3-8b", layers=36, hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=12288,
+              vocab=151936, tied_embeddings=False, max_context=40960),
+    ModelSpec(name="qwen3-14b", layers=40, hidden=5120, heads=40, kv_heads=8, head_dim=128, ffn=17408,
+              vocab=151936, tied_embeddings=False, max_context=40960),
     # lmsys/vicuna-{7b,13b,33b}-v1.3 (LLaMA-1 based)
-    _m("vicuna-7b", 32, 4096, 32, 32, 128, 11008, 32000, False, 2048),
-    _m("vicuna-13b", 40, 5120, 40, 40, 128, 13824, 32000, False, 2048),
-    _m("vicuna-33b", 60, 6656, 52, 52, 128, 17920, 32000, False, 2048),
+    ModelSpec(name="vicuna-7b", layers=32, hidden=4096, heads=32, kv_heads=32, head_dim=128, ffn=11008,
+              vocab=32000, tied_embeddings=False, max_context=2048),
+    ModelSpec(name="vicuna-13b", layers=40, hidden=5120, heads=40, kv_heads=40, head_dim=128, ffn=13824,
+              vocab=32000, tied_embeddings=False, max_context=2048),
+    ModelSpec(name="vicuna-33b", layers=60, hidden=6656, heads=52, kv_heads=52, head_dim=128, ffn=17920,
+              vocab=32000, tied_embeddings=False, max_context=2048),
     # codellama/CodeLlama-34b-hf (GQA 64/8, the 34B shape)
-    _m("codellama-34b", 48, 8192, 64, 8, 128, 22016, 32000, False, 16384),
+    ModelSpec(name="codellama-34b", layers=48, hidden=8192, heads=64, kv_heads=8, head_dim=128, ffn=22016,
+              vocab=32000, tied_embeddings=False, max_context=16384),
     # Draft models: TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T, double7/vicuna-68m,
     # turboderp/Qwama-0.5B-Instruct (Qwen2-0.5B with Llama-3's vocabulary)
-    _m("tinyllama-1.1b", 22, 2048, 32, 4, 64, 5632, 32000, False, 2048),
-    _m("vicuna-68m", 2, 768, 12, 12, 64, 3072, 32000, False, 2048),
-    _m("qwama-0.5b", 24, 896, 14, 2, 64, 4864, 128256, True, 32768),
+    ModelSpec(name="tinyllama-1.1b", layers=22, hidden=2048, heads=32, kv_heads=4, head_dim=64, ffn=5632,
+              vocab=32000, tied_embeddings=False, max_context=2048),
+    ModelSpec(name="vicuna-68m", layers=2, hidden=768, heads=12, kv_heads=12, head_dim=64, ffn=3072,
+              vocab=32000, tied_embeddings=False, max_context=2048),
+    ModelSpec(name="qwama-0.5b", layers=24, hidden=896, heads=14, kv_heads=2, head_dim=64, ffn=4864,
+              vocab=128256, tied_embeddings=True, max_context=32768),
     # meta-llama/Llama-4-Scout-17B-16E-Instruct: 16 experts of width 8192, top 1, one shared expert, every layer
-    _m("llama-4-scout-17b-16e", 48, 5120, 40, 8, 128, 16384, 202048, False, 10485760,
-       experts=Experts(routed=16, top_k=1, ffn=8192, shared=1)),
+    ModelSpec(name="llama-4-scout-17b-16e", layers=48, hidden=5120, heads=40, kv_heads=8, head_dim=128,
+              ffn=16384, vocab=202048, tied_embeddings=False, max_context=10485760,
+              experts=Experts(routed=16, top_k=1, ffn=8192, shared=1)),
     # HuggingFaceTB/SmolLM2-135M-Instruct (GQA 9/3 heads, tied embeddings)
-    _m("smollm2-135m", 30, 576, 9, 3, 64, 1536, 49152, True, 8192),
+    ModelSpec(name="smollm2-135m", layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, ffn=1536,
+              vocab=49152, tied_embeddings=True, max_context=8192),
 ]}
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",

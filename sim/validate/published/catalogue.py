@@ -14,16 +14,13 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError
 
 from sim.errors import InputError
+from sim.scenario.strict import Strict
 
 METRICS = ("throughput", "end_to_end", "decode_only")
 HALVES = ("fit", "held")
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Source(Strict):

@@ -4,7 +4,7 @@ import pytest
 from conftest import UNIT_ENGINE, UNIT_HARDWARE
 from sim.cost.batch import DECODE, PARTIAL, PHASES, PREFILL, TRANSFER, VERIFY, FULL, Group, prompt_group, uniform_group
 from sim.cost.model import calibrated_cost_model, cost_model_for
-from sim.cost.roofline import ALLREDUCE_LATENCY_S
+from sim.cost.collectives import ALLREDUCE_LATENCY_S
 from sim.cost.stack import build_stacks
 from sim.scenario.load import load_scenario
 

@@ -34,10 +34,11 @@ class CostModel:
     pricer_of(stack): the stack's pricer, asked once per stack, when first priced."""
 
     def __init__(self, scenario: Scenario, pricer_of: Callable[[Stack], object], host, bundle: Bundle | None = None,
-                 warnings: list[str] | None = None):
+                 warnings: list[str] | None = None, collectives=None):
         self.scenario = scenario
         self.bundle = bundle
         self.warnings = warnings if warnings is not None else []
+        self.collectives = collectives        # the tensor-parallel all-reduce's pricer (sim/cost/collectives.py)
         self._pricer_of = pricer_of
         self._pricers: dict[int, object] = {}
         self.host = host
@@ -55,7 +56,10 @@ class CostModel:
 
     def origins(self) -> dict[str, str]:
         """Where each term priced so far comes from: per stack, and the engine's host work."""
-        return {**{p.stack.name: p.origin for p in self._pricers.values()}, "host": self.host.origin}
+        origins = {**{p.stack.name: p.origin for p in self._pricers.values()}, "host": self.host.origin}
+        if self.collectives is not None and self.scenario.tensor_parallel > 1:
+            origins["all_reduce"] = self.collectives.origin
+        return origins
 
     def needs_kv_tokens(self, stack: Stack, query: int) -> bool:
         """Does pricing a group of `query`-token requests need each request's KV, not just the sum?"""
@@ -86,7 +90,8 @@ def cost_model_for(scenario: Scenario) -> CostModel:
     """The scenario's cost model: its calibration bundle's, or the roofline's."""
     if scenario.calibration is None:
         rates = RooflineRates(scenario, link_gb_s=scenario.offload.link_gb_s)
-        return CostModel(scenario, lambda stack: RooflinePricer(stack, rates), RooflineHost(scenario.engine_spec))
+        return CostModel(scenario, lambda stack: RooflinePricer(stack, rates), RooflineHost(scenario.engine_spec),
+                         warnings=list(rates.warnings), collectives=rates.collectives)
     return calibrated_cost_model(scenario, load_bundle(scenario.calibration))
 
 

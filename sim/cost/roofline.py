@@ -22,12 +22,11 @@ from typing import Sequence
 import numpy as np
 
 from sim.cost.batch import DRAFT, OVERHEAD, PARTIAL, SELECTION, TRANSFER, Group
+from sim.cost.collectives import collectives_for
 from sim.cost.experts import busiest_gpu, distinct_experts
 from sim.cost.stack import Stack
 from sim.scenario.schema import Scenario
 
-# NCCL all-reduce latency floor for small messages over NVLink/PCIe (one hop ring), seconds.
-ALLREDUCE_LATENCY_S = 8e-6
 # Query tiles of a tensor-core attention kernel, in rows: the query tokens of one KV head's query
 # heads are packed into the smallest tile that holds them, else into 128-row tiles, and every row of
 # a tile is computed (FlashInfer's prefill and verify kernels choose 16, 64 or 128 rows this way).
@@ -256,7 +255,9 @@ class RooflineRates:
                                 if scenario.dtype == "int4" and engine.int4_mem_efficiency else 1.0)
         self.bytes_s = hw.hbm_gb_s * 1e9 * engine.mem_efficiency
         self.link_bytes_s = (link_gb_s or hw.host_link_gb_s * engine.link_efficiency) * 1e9
-        self.interconnect_bytes_s = hw.interconnect_gb_s * 1e9
+        # An all-reduce's price: a published table where one matches, else the guess (warned).
+        self.collectives, collectives_warning = collectives_for(scenario)
+        self.warnings = [collectives_warning] if collectives_warning else []
         self.overlap_transfer = scenario.offload.overlap
         self._stacks: dict[int, _StackCost] = {}
         self._batch_terms: dict[tuple, tuple[float, float]] = {}
@@ -273,10 +274,10 @@ class RooflineRates:
         return cost
 
     def allreduce_time_s(self, message_bytes: float) -> float:
-        """Ring all-reduce of one layer's output across the tensor-parallel group."""
+        """All-reduce of one layer's output across the tensor-parallel group (sim/cost/collectives.py)."""
         if self.tp == 1:
             return 0.0
-        return ALLREDUCE_LATENCY_S + 2 * (self.tp - 1) / self.tp * message_bytes / self.interconnect_bytes_s
+        return self.collectives.all_reduce_s(message_bytes, self.tp)
 
     def compose(self, groups: Sequence[Group], tokens: int, logits: int, shared: float, lm_head: float,
                 attention_of, c, shares: list[float], offloaded_layers: int, kv_offloaded: bool,

@@ -200,8 +200,9 @@ def _load(folder: Path, stamp: tuple) -> Bundle:
     return bundle
 
 
-def table_from_rows(name: str, spec: dict, rows) -> OperatorTable:
-    """The operator's grid (meta.json) filled from its rows; every grid point must be measured."""
+def table_from_rows(name: str, spec: dict, rows, monotone: bool = True) -> OperatorTable:
+    """The operator's grid (meta.json) filled from its rows; every grid point must be measured.
+    monotone: made non-decreasing along every dim (a calibration's operators, whose dims are work)."""
     dims = tuple(spec["dims"])
     axes = [np.asarray(spec["axes"][d], dtype=float) for d in dims]
     values = np.full([len(a) for a in axes], np.nan)
@@ -217,7 +218,8 @@ def table_from_rows(name: str, spec: dict, rows) -> OperatorTable:
     if np.any(values <= 0):
         raise ValueError(f"operator {name} has a time of zero or less")
     # Every dim is work: more never takes less time, and a dip between grid points is noise.
-    return OperatorTable(name, dims, axes, monotone_in_every_dim(values), power_above=POWER_ABOVE.get(name, 1.0))
+    return OperatorTable(name, dims, axes, monotone_in_every_dim(values) if monotone else values,
+                         power_above=POWER_ABOVE.get(name, 1.0))
 
 
 def check_bundle(bundle: Bundle, scenario) -> list[str]:

@@ -26,10 +26,17 @@ engine from public measurements of that engine, never tuned to a scenario, and a
   engine's int4 kernel falls short of its 16-bit one (0: mem_efficiency).
 - graph_max_tokens: the largest forward (query tokens) the engine replays as a CUDA graph; larger
   forwards run eagerly and pay eager_layer_overhead_s per decoder layer (0: no cap).
+- collectives: the library of its tensor-parallel all-reduce, which picks the published table
+  that prices it (sim/cost/collectives.py): nccl (torch.distributed: gpt-fast, transformers), or
+  custom (vLLM's, SGLang's and TensorRT-LLM's own one- and two-shot kernels for small messages
+  within a node, and llama.cpp's peer copies), for which no table is published yet.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+
+# The libraries an engine's tensor-parallel all-reduce may use (EngineSpec.collectives).
+COLLECTIVES_LIBRARIES = ("nccl", "rccl", "custom")
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,7 @@ class EngineSpec:
     int4_mem_efficiency: float = 0.0
     graph_max_tokens: int = 0
     eager_layer_overhead_s: float = 0.0
+    collectives: str = "nccl"
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -60,18 +68,18 @@ ENGINES: dict[str, EngineSpec] = {
     # BACKGROUND.md puts scheduler overhead at 3-12% of an SD step, i.e. a few hundred microseconds.
     "vllm": EngineSpec("vllm", mem_efficiency=0.80, compute_efficiency=0.65, step_overhead_s=350e-6,
                        request_overhead_s=6e-6, forward_overhead_s=30e-6, layer_overhead_s=0.0,
-                       ngram_lookup_s=15e-6),
+                       ngram_lookup_s=15e-6, collectives="custom"),
     # SGLang with CUDA graphs and an overlapped scheduler: slightly less host time per step.
     # speculation_request_overhead_s set on the published catalogue's fit half (EAGLE-3's SGLang
     # table, batch 2-64 on an H100) by `python -m sim validate --published --fit`.
     "sglang": EngineSpec("sglang", mem_efficiency=0.82, compute_efficiency=0.65, step_overhead_s=200e-6,
                          request_overhead_s=4e-6, forward_overhead_s=30e-6, layer_overhead_s=0.0,
-                         ngram_lookup_s=15e-6, speculation_request_overhead_s=20e-6),
+                         ngram_lookup_s=15e-6, speculation_request_overhead_s=20e-6, collectives="custom"),
     # TensorRT-LLM with in-flight batching and CUDA graphs: no public per-step host figure was found,
     # so its host terms are SGLang's.
     "tensorrt-llm": EngineSpec("tensorrt-llm", mem_efficiency=0.82, compute_efficiency=0.65, step_overhead_s=200e-6,
                                request_overhead_s=4e-6, forward_overhead_s=30e-6, layer_overhead_s=0.0,
-                               ngram_lookup_s=15e-6),
+                               ngram_lookup_s=15e-6, collectives="custom"),
     # gpt-fast: torch.compile'd single-request loop; its README measures Llama-2-7B on an A100 at
     # 1,397 GB/s in bf16 (~70% of 2,039) and 863 GB/s with int4 weights in groups of 32 (torch's
     # tinygemm kernel; 0.625 bytes a weight with its bf16 scale and zero). In the bytes `int4`
@@ -85,7 +93,7 @@ ENGINES: dict[str, EngineSpec] = {
     # calibrate --engine llama.cpp`, which replaces every one of them) its absolute times are unvalidated.
     "llama.cpp": EngineSpec("llama.cpp", mem_efficiency=0.65, compute_efficiency=0.50, step_overhead_s=500e-6,
                             request_overhead_s=10e-6, forward_overhead_s=50e-6, layer_overhead_s=0.0,
-                            ngram_lookup_s=10e-6, int4_mem_efficiency=0.60),
+                            ngram_lookup_s=10e-6, int4_mem_efficiency=0.60, collectives="custom"),
     # Hugging Face transformers in eager mode: every kernel launched from Python, so each decoder layer
     # costs a few hundred microseconds of launch time at small batch; generate() adds per-step work.
     # `sim validate --published --fit` searches layer_overhead_s and both efficiencies on the fit half

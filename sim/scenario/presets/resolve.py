@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from sim.errors import InputError
+from sim.scenario.presets.engines import COLLECTIVES_LIBRARIES
 from sim.scenario.presets import ENGINES, HARDWARE, MODELS, EngineSpec, HardwareSpec, ModelSpec, load_hf_config
 
 
@@ -60,8 +61,11 @@ def resolve_engine(value: str | dict) -> EngineSpec:
         raise InputError(f"engine.{sorted(unknown)[0]}", "unknown field")
     base = resolve_engine(value.get("preset", "vllm"))
     overrides = {k: v for k, v in value.items() if k != "preset"}
+    if overrides.get("collectives", "nccl") not in COLLECTIVES_LIBRARIES:
+        raise InputError("engine.collectives", f"must be one of {', '.join(COLLECTIVES_LIBRARIES)} "
+                                               f"(got {overrides['collectives']!r})")
     for key, number in overrides.items():
-        if key != "name" and (not _is_finite_number(number) or number < 0):
+        if key not in ("name", "collectives") and (not _is_finite_number(number) or number < 0):
             raise InputError(f"engine.{key}", f"must be a non-negative number (got {number!r})")
     for key in ("mem_efficiency", "compute_efficiency", "link_efficiency"):
         if key in overrides and not 0 < overrides[key] <= 1:

@@ -1,0 +1,73 @@
+"""What a collective between GPUs costs: a published profile's measured table where one matches the
+scenario (calibration/published/: its interconnect class and its engine's collectives library),
+else the roofline's guess, named in the result's warnings.
+
+The guess: a ring all-reduce, ALLREDUCE_LATENCY_S plus 2 (n - 1) / n of the message over the
+interconnect's datasheet rate. Measured: NCCL's kernel times on a DGX H100 and a DGX A100
+(Vidur's), 2 to 8 GPUs of one node, 2 KB to 64 MB, interpolated in log-log (sim/formats/table.py;
+below 2 KB the 2 KB time, above 64 MB linear in bytes). A scenario on more GPUs than a table
+measured, or whose engine reduces with another library, keeps the guess.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from sim.formats.provenance import REPO_ROOT, repo_relative
+from sim.formats.published import PublishedProfile, load_published
+from sim.scenario.schema import Scenario
+
+# NCCL all-reduce latency floor for small messages over NVLink/PCIe (one hop ring), seconds.
+ALLREDUCE_LATENCY_S = 8e-6
+PUBLISHED = REPO_ROOT / "calibration/published"
+
+
+@dataclass
+class RingGuess:
+    """The roofline's all-reduce: a latency floor and a ring at the interconnect's datasheet rate."""
+    interconnect_bytes_s: float
+    origin: str = "roofline guess (8 us + a ring at the interconnect's datasheet rate)"
+
+    def all_reduce_s(self, message_bytes: float, ranks: int) -> float:
+        return ALLREDUCE_LATENCY_S + 2 * (ranks - 1) / ranks * message_bytes / self.interconnect_bytes_s
+
+
+class MeasuredCollectives:
+    """A published profile's all-reduce table at the scenario's GPU count."""
+
+    def __init__(self, profile: PublishedProfile):
+        self.table = profile.table("all_reduce")
+        m = profile.meta
+        self.origin = (f"published: {repo_relative(profile.path)}, {m['library']} on {m['hardware']} "
+                       f"({m['interconnect']}), from {profile.source}")
+        self._seconds: dict[tuple, float] = {}
+
+    def all_reduce_s(self, message_bytes: float, ranks: int) -> float:
+        key = (message_bytes, ranks)
+        s = self._seconds.get(key)
+        if s is None:
+            s = self._seconds[key] = self.table(ranks, message_bytes)
+        return s
+
+
+def collectives_for(scenario: Scenario, folder: Path = PUBLISHED) -> tuple[object, str | None]:
+    """The scenario's all-reduce pricer and, where it is the guess though the scenario runs tensor
+    parallel, the warning that says why."""
+    hw, engine, ranks = scenario.hardware_spec, scenario.engine_spec, scenario.tensor_parallel
+    guess = RingGuess(hw.interconnect_gb_s * 1e9)
+    if ranks == 1:
+        return guess, None
+    profiles = [load_published(meta.parent) for meta in sorted(folder.glob("*/meta.json"))] if folder.is_dir() else []
+    matching = [p for p in profiles if p.table("all_reduce") is not None
+                and p.meta["interconnect"] == hw.interconnect and p.meta["library"] == engine.collectives]
+    if not matching:
+        return guess, (f"all-reduce priced by the roofline's guess: no published {engine.collectives} table of "
+                       f"{hw.interconnect} (engine {engine.name}) in calibration/published")
+    covering = [p for p in matching if p.table("all_reduce").axes[0][0] <= ranks <= p.table("all_reduce").axes[0][-1]]
+    if not covering:
+        measured = sorted({int(r) for p in matching for r in p.table("all_reduce").axes[0]})
+        return guess, (f"all-reduce priced by the roofline's guess: the published {engine.collectives} tables of "
+                       f"{hw.interconnect} measured {measured} GPUs, the scenario runs {ranks}")
+    # The table measured on the scenario's own hardware first (an H200 shares an H100's NVLink 4).
+    covering.sort(key=lambda p: p.meta["hardware"] != hw.name)
+    return MeasuredCollectives(covering[0]), None

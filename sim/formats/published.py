@@ -1,0 +1,90 @@
+"""A published profile: GPU timings others measured and published, kept in the bundle's two files.
+
+DIR/profile.parquet, one row per point:
+  op          what was timed (all_reduce, send_recv, ...)
+  ranks       GPUs taking part (0 where the op has none)
+  bytes       message size of one GPU, bytes
+  seconds     the source's figure at that point (see meta.json `measured`)
+  held_out    True for the source's rows kept apart to check the table (every fifth size)
+  source_rows the source's rows behind a point (a point is their median)
+
+DIR/meta.json: `kind: published`, the source (name, repository or URL, path, commit, licence),
+the hardware and interconnect it was measured on, the library (for collectives: nccl), what each
+column measured, the grid of every op and its held-out error. `python -m sim import-profile`
+writes one (sim/imports/); `load_published` reads one, every way it can be unusable an
+InputError naming the folder.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from sim.errors import InputError
+from sim.formats.bundle import META, PROFILE, SCHEMA_VERSION, table_from_rows
+from sim.formats.table import OperatorTable
+
+KIND = "published"
+DIMS = ("ranks", "bytes")
+COLUMNS = ("op", *DIMS, "seconds", "held_out", "source_rows")
+# What an imported table must hold out within: median |interpolated / the source's row - 1| over
+# its held-out rows (issue 57).
+HELD_OUT_TARGET = 0.10
+
+
+@dataclass(frozen=True)
+class PublishedProfile:
+    path: Path
+    meta: dict
+    tables: dict[str, OperatorTable]
+
+    @property
+    def source(self) -> str:
+        s = self.meta["source"]
+        return f"{s['name']} ({s['repository']}, {s['path']} at {s['commit'][:12]}, {s['licence']})"
+
+    def table(self, op: str) -> OperatorTable | None:
+        return self.tables.get(op)
+
+
+def load_published(path: str | Path) -> PublishedProfile:
+    """Read and check a published profile's folder."""
+    folder = Path(path).resolve()
+    stamp = tuple((folder / name).stat().st_mtime_ns if (folder / name).exists() else 0 for name in (META, PROFILE))
+    return _load(folder, stamp)
+
+
+@lru_cache(maxsize=16)
+def _load(folder: Path, stamp: tuple) -> PublishedProfile:
+    import pandas as pd
+
+    for name in (META, PROFILE):
+        if not (folder / name).is_file():
+            raise InputError("published profile", f"{folder / name} is missing")
+    try:
+        meta = json.loads((folder / META).read_text())
+        frame = pd.read_parquet(folder / PROFILE)
+    except Exception as exc:     # json and pyarrow raise several types for a damaged file
+        raise InputError("published profile", f"{folder} cannot be read ({exc.__class__.__name__})") from None
+    if not isinstance(meta, dict) or meta.get("schema_version") != SCHEMA_VERSION or meta.get("kind") != KIND:
+        raise InputError("published profile", f"{folder / META} is not a published profile of schema {SCHEMA_VERSION}")
+    missing = [c for c in COLUMNS if c not in frame.columns]
+    if missing:
+        raise InputError("published profile", f"{folder / PROFILE} lacks columns {', '.join(missing)}")
+    try:
+        tables = {op: grid_table(op, spec, frame[(frame.op == op) & ~frame.held_out])
+                  for op, spec in meta["grid"].items()}
+        for key in ("source", "hardware", "interconnect", "library", "measured"):
+            meta[key]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError("published profile", f"{folder} is inconsistent: {exc.__class__.__name__} {exc}") from None
+    return PublishedProfile(folder, meta, tables)
+
+
+
+def grid_table(op: str, spec: dict, rows) -> OperatorTable:
+    """The op's grid filled from its rows, as measured: not made monotone like a calibration's
+    tables, since a published point is already the median of the source's neighbouring rows, and a
+    collective over more GPUs can be faster (NVSwitch's in-network reduction)."""
+    return table_from_rows(op, spec, rows, monotone=False)

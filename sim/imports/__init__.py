@@ -1,0 +1,3 @@
+"""Importers of published GPU profiles: a table others measured and published, read from its file
+and written as a published profile (sim/formats/published.py) with its source. No hardware is
+touched, so they live in sim; `python -m sim import-profile` runs them."""

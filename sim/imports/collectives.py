@@ -1,0 +1,79 @@
+"""Collectives timed by Vidur's profiler (microsoft/vidur, data/profiling/network/*/): one CSV per
+collective, a row per (GPUs, message size, GPUs per node) with `time_stats.<collective>.median` in
+milliseconds: the median over Vidur's profiling passes of the NCCL kernel's time in a kineto trace
+(vidur/profiling/collectives: fp16 buffers, `size` already in bytes, CUDA graphs off, each pass 11
+launches of which the kernels are aggregated by their median).
+
+Only rows within one node are kept (GPUs per node = GPUs, which for send/recv is a pair on one
+node): the interconnect the table is named after.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from sim.errors import InputError
+
+COLLECTIVES = ("all_reduce", "all_gather", "send_recv", "reduce_scatter", "broadcast")
+COLUMNS = ("num_workers", "size", "collective", "devices_per_node")
+MEASURED = {
+    "seconds": "the source's time_stats.<collective>.median (ms) in seconds: the median NCCL kernel time "
+               "in a kineto trace over Vidur's profiling passes (11 launches each, CUDA graphs off, fp16 "
+               "buffers); kernel time only, no launch or host time",
+    "bytes": "the source's `size`: bytes of one GPU's buffer (all_gather: its part)",
+    "ranks": "the source's `num_workers`: GPUs in the collective, all on one node",
+}
+
+
+def read_collectives(path: Path):
+    """The within-node rows of one of Vidur's collective CSVs as (op, ranks, bytes, seconds)."""
+    import pandas as pd
+
+    try:
+        frame = pd.read_csv(path)
+    except (OSError, ValueError) as exc:
+        raise InputError(str(path), f"cannot be read as CSV ({exc.__class__.__name__})") from None
+    missing = [c for c in COLUMNS if c not in frame.columns]
+    if missing:
+        raise InputError(str(path), f"lacks columns {', '.join(missing)} (a Vidur collective table has "
+                                    f"{', '.join(COLUMNS)} and time_stats.<collective>.median)")
+    ops = frame.collective.unique()
+    if len(ops) != 1 or ops[0] not in COLLECTIVES:
+        raise InputError(str(path), f"holds collectives {sorted(map(str, ops))}; one of {', '.join(COLLECTIVES)} "
+                                    f"a file")
+    op = str(ops[0])
+    column = f"time_stats.{op}.median"
+    if column not in frame.columns:
+        raise InputError(str(path), f"lacks column {column}")
+    for name in (column, "size", "num_workers"):
+        values = pd.to_numeric(frame[name], errors="coerce")
+        if values.isna().any() or (values <= 0).any():
+            bad = frame.loc[values.isna() | (values <= 0), name].iloc[0]
+            raise InputError(str(path), f"{name} must be a positive number in every row (got {bad!r})")
+    local = frame[frame.devices_per_node == frame.num_workers]
+    if local.empty:
+        raise InputError(str(path), "has no rows within one node (devices_per_node = num_workers)")
+    return pd.DataFrame({"op": op, "ranks": local.num_workers.astype(float), "bytes": local["size"].astype(float),
+                         "seconds": local[column].astype(float) * 1e-3})
+
+
+def bin_by_size(rows, per_octave: int = 4):
+    """Every fifth size of each (op, ranks) held out; the rest in bins of 1/per_octave of an octave,
+    each bin's median time at the median size of the bin's rows (one size axis for every ranks).
+    Returns (grid rows, held-out rows), both with a `source_rows` count."""
+    import pandas as pd
+
+    rows = rows.sort_values(["op", "ranks", "bytes"]).reset_index(drop=True)
+    held = rows.groupby(["op", "ranks"]).cumcount() % 5 == 4
+    fit = rows[~held].assign(bin=lambda f: np.floor(np.log2(f["bytes"]) * per_octave).astype(int))
+    grid = []
+    for op, of_op in fit.groupby("op"):
+        sizes = of_op.groupby("bin")["bytes"].median()
+        counts = of_op.groupby("bin").ranks.nunique()
+        bins = counts[counts == of_op.ranks.nunique()].index       # a bin every ranks has
+        for (ranks, b), cell in of_op[of_op.bin.isin(bins)].groupby(["ranks", "bin"]):
+            grid.append({"op": op, "ranks": ranks, "bytes": float(sizes[b]), "seconds": float(cell.seconds.median()),
+                         "source_rows": len(cell)})
+    held_rows = rows[held].assign(source_rows=1)
+    return pd.DataFrame(grid), held_rows

@@ -1,0 +1,107 @@
+"""`python -m sim import-profile`: a published table read from its files and written as a
+published profile (sim/formats/published.py), with its source, and its own check: the source's
+rows held out of the table (every fifth size) against what the table interpolates there."""
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sim.errors import InputError
+from sim.formats.bundle import SCHEMA_VERSION, write_bundle
+from sim.formats.provenance import git_revision, repo_relative, versions
+from sim.formats.published import HELD_OUT_TARGET, KIND, grid_table
+from sim.scenario.presets import HARDWARE
+from sim.scenario.presets.engines import COLLECTIVES_LIBRARIES as LIBRARIES
+
+KINDS = ("vidur-collectives",)
+
+
+@dataclass(frozen=True)
+class ImportOptions:
+    kind: str
+    files: tuple[Path, ...]
+    out: Path
+    source: str               # who published it (Vidur)
+    repository: str           # the repository or page it is read from
+    path: str                 # the file or folder there
+    commit: str               # the repository's commit, or the page's date
+    licence: str
+    hardware: str             # the hardware preset it was measured on
+    interconnect: str         # the GPU-to-GPU link class (a hardware preset's `interconnect`)
+    library: str              # the collectives' library
+
+
+def check_options(options: ImportOptions) -> None:
+    if options.kind not in KINDS:
+        raise InputError("KIND", f"{options.kind!r} is not one of {', '.join(KINDS)}")
+    if options.hardware not in HARDWARE:
+        raise InputError("--hardware", f"unknown preset {options.hardware!r} (known: {', '.join(HARDWARE)})")
+    links = sorted({h.interconnect for h in HARDWARE.values()})
+    if options.interconnect not in links:
+        raise InputError("--interconnect", f"unknown interconnect {options.interconnect!r} (known: {', '.join(links)})")
+    if options.library not in LIBRARIES:
+        raise InputError("--library", f"{options.library!r} is not one of {', '.join(LIBRARIES)}")
+    for file in options.files:
+        if not file.is_file():
+            raise InputError(str(file), "no such file")
+
+
+def import_profile(options: ImportOptions) -> int:
+    """Read, bin, check and write; print each table's held-out error."""
+    import pandas as pd
+
+    from sim.imports.collectives import MEASURED, bin_by_size, read_collectives
+
+    check_options(options)
+    frames = [read_collectives(f) for f in options.files]
+    ops = [str(f.op.iloc[0]) for f in frames]
+    if len(set(ops)) < len(ops):
+        raise InputError("FILE", f"two files hold the same collective ({', '.join(ops)})")
+    rows = pd.concat(frames, ignore_index=True)
+    grid_rows, held_rows = bin_by_size(rows)
+    grid, held_out, lines = {}, {}, []
+    for op, of_op in grid_rows.groupby("op"):
+        axes = {d: sorted(of_op[d].unique().tolist()) for d in ("ranks", "bytes")}
+        grid[op] = {"dims": ["ranks", "bytes"], "axes": axes}
+        table = grid_table(op, grid[op], of_op)
+        held = held_rows[held_rows.op == op]
+        errors = np.array([table(r.ranks, r.bytes) / r.seconds - 1 for r in held.itertuples()])
+        held_out[op] = summary(errors)
+        for ranks in axes["ranks"]:
+            mine = errors[(held.ranks == ranks).to_numpy()]
+            lines.append(f"{op:<14} {int(ranks):>5} {len(axes['bytes']):>6} {len(mine):>5} "
+                         f"{np.median(np.abs(mine)):>7.1%} {np.percentile(np.abs(mine), 90):>7.1%} "
+                         f"{np.abs(mine).max():>7.1%}")
+    frame = pd.concat([grid_rows.assign(held_out=False), held_rows.assign(held_out=True)], ignore_index=True)
+    meta = {
+        "schema_version": SCHEMA_VERSION, "kind": KIND,
+        "source": {"name": options.source, "repository": options.repository, "path": options.path,
+                   "commit": options.commit, "licence": options.licence,
+                   "files": [f.name for f in options.files], "importer": options.kind},
+        "hardware": options.hardware, "interconnect": options.interconnect, "library": options.library,
+        "measured": MEASURED, "grid": grid, "held_out": held_out,
+        "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "git_revision": git_revision(), "versions": versions(("pandas", "pyarrow")),
+    }
+    write_bundle(options.out, frame[["op", "ranks", "bytes", "seconds", "held_out", "source_rows"]], meta)
+    print(f"{'op':<14} {'ranks':>5} {'sizes':>6} {'held':>5} {'median':>7} {'P90':>7} {'worst':>7}   "
+          f"|table / held-out row - 1|")
+    print("\n".join(lines))
+    for op, h in held_out.items():
+        if not h["within_target"]:
+            print(f"warning: {op} holds out within a median {h['median_abs_error']:.1%} "
+                  f"(target {HELD_OUT_TARGET:.0%})")
+    print(f"wrote {repo_relative(options.out)}")
+    return 0
+
+
+def summary(errors: np.ndarray) -> dict:
+    """The held-out rows' errors, as meta.json keeps them."""
+    magnitude = np.abs(errors)
+    return {"rows": int(errors.size), "median_abs_error": float(np.median(magnitude)),
+            "p90_abs_error": float(np.percentile(magnitude, 90)), "worst_abs_error": float(magnitude.max()),
+            "median_signed_error": float(np.median(errors)),
+            "within_target": bool(np.median(magnitude) <= HELD_OUT_TARGET)}

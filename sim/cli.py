@@ -8,8 +8,8 @@ python -m sim validate --published [CATALOGUE] [--out DIR] [--docs FILE] [--scen
 python -m sim validate --published [CATALOGUE] --fit
 python -m sim fit-acceptance RUN_DIR|CAMPAIGN_DIR... [--vllm FILE ...] -o acceptance.yaml
 python -m sim oracle POSITIONS RUN_DIR|CAMPAIGN_DIR... [--calibration DIR] [--pair A,B ...] [--docs FILE]
-python -m sim import-profile vidur-collectives FILE... --out DIR --repository URL --path PATH --commit SHA
-    --licence L --hardware PRESET --interconnect LINK [--library nccl|rccl|custom] [--source NAME]
+python -m sim import-profile vidur-collectives|vidur-mlp FILE... --out DIR --repository URL --path PATH
+    --commit SHA --licence L --hardware PRESET [--interconnect LINK] [--library nccl|rccl|custom] [--source NAME]
 
 run: simulates a scenario with its speculation and without (the baseline), on the same requests and
 seed. --set overrides one field (dotted path, YAML value); --vary runs the scenario once per value
@@ -29,8 +29,9 @@ counters), and SpecPV's disagreement with full verification.
 oracle: from live runs and their drafters' acceptance at every position (profiler positions), the
 predicted speedup of the run's static k, goodput k, Oracle Proposal and Oracle Combine with a second
 drafter on the same prompts.
-import-profile: a table others measured on GPUs (Vidur's NCCL collectives) as a published profile under
-calibration/published/, its source recorded and its held-out rows checked (docs/validation-published.md).
+import-profile: a table others measured on GPUs (Vidur's NCCL collectives, or a model's layer kernels) as
+a published profile under calibration/published/, its source recorded and its held-out rows checked
+(calibration/README.md).
 
 Every parser of the simulator is here, in the form both command lines share (sim/command_line.py);
 below this module, functions take typed arguments.
@@ -148,7 +149,8 @@ def add_oracle_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_import_profile_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("kind", choices=("vidur-collectives",), help="the source's format")
+    parser.add_argument("kind", choices=("vidur-collectives", "vidur-mlp"),
+                        help="the source's format: Vidur's network/*/<collective>.csv, or compute/<gpu>/<model>/mlp.csv")
     parser.add_argument("files", type=Path, nargs="+", metavar="FILE", help="the source's tables (one a collective)")
     parser.add_argument("--out", type=Path, required=True, help="the published profile's folder to write")
     parser.add_argument("--source", default="Vidur", help="who published the table")
@@ -157,8 +159,8 @@ def add_import_profile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--commit", required=True, help="the repository's commit (or the page's date)")
     parser.add_argument("--licence", required=True, help="the source's licence")
     parser.add_argument("--hardware", required=True, help="the hardware preset the source measured on")
-    parser.add_argument("--interconnect", required=True,
-                        help="its GPU-to-GPU link class, as hardware presets name it (nvlink4, nvlink3, ...)")
+    parser.add_argument("--interconnect",
+                        help="collectives: the GPU-to-GPU link class, as hardware presets name it (nvlink4, nvlink3, ...)")
     parser.add_argument("--library", default="nccl", help="the collectives' library: nccl, rccl or custom")
 
 
@@ -273,8 +275,8 @@ def validate_command(args: argparse.Namespace) -> int:
 
 @CLI.command("import-profile", add_import_profile_arguments)
 def import_profile_command(args: argparse.Namespace) -> int:
-    """a table others measured on GPUs (Vidur's collectives) as a published profile, with its source
-    and its held-out check"""
+    """a table others measured on GPUs (Vidur's collectives or layer kernels) as a published profile,
+    with its source and its held-out check"""
     from sim.imports.command import ImportOptions, import_profile
 
     return import_profile(ImportOptions(kind=args.kind, files=tuple(args.files), out=args.out, source=args.source,

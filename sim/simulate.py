@@ -127,9 +127,18 @@ def run_pipeline(config: Scenario, requests: Requests, stacks, memory, build=Non
 
 
 def bundle_provenance(path) -> dict:
-    """Where a calibration bundle came from: its device, revision, date, dtype and held-out error."""
+    """Where a calibration bundle came from: its device, revision, date, dtype and held-out error
+    (a published profile: its source, hardware and import)."""
     from sim.formats.bundle import load_bundle
+    from sim.formats.published import is_published, load_published
 
+    if is_published(path):
+        profile = load_published(path)
+        meta = profile.meta
+        errors = [h["median_abs_error"] for h in meta["held_out"].values()]
+        return {"path": repo_relative(path), "device": meta["hardware"], "source": profile.source,
+                "git_revision": meta.get("git_revision"), "date": meta.get("created_utc"), "dtype": meta.get("dtype"),
+                "held_out_median_error": max(errors) if errors else None}
     meta = load_bundle(path).meta
     return {"path": repo_relative(path), "device": meta["device"].get("name"), "git_revision": meta.get("git_revision"),
             "date": meta.get("date"), "dtype": meta.get("dtype"),

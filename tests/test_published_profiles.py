@@ -81,14 +81,14 @@ def test_bad_tables_are_one_line_and_exit_2(tmp_path, case, message):
 
 @pytest.mark.parametrize("name", sorted(p.name for p in PUBLISHED.iterdir() if (p / "meta.json").is_file()))
 def test_each_committed_profile_predicts_its_held_out_rows_within_ten_percent(name):
-    """Each table's own check, from its files: every fifth of the source's sizes was kept out of the
-    grid; the grid's interpolation there against the source's row."""
+    """Each table's own check, from its files: every fifth of the source's sizes (token counts) was
+    kept out of the grid; the grid's interpolation there against the source's row."""
     profile = load_published(PUBLISHED / name)
     frame = pd.read_parquet(PUBLISHED / name / "profile.parquet")
     for op, spec in profile.meta["grid"].items():
         table = grid_table(op, spec, frame[(frame.op == op) & ~frame.held_out])
         held = frame[(frame.op == op) & frame.held_out]
-        errors = np.abs([table(r.ranks, r.bytes) / r.seconds - 1 for r in held.itertuples()])
+        errors = np.abs([table(*(getattr(r, d) for d in spec["dims"])) / r.seconds - 1 for r in held.itertuples()])
         assert len(errors) > 50
         assert np.median(errors) <= HELD_OUT_TARGET
         assert np.median(errors) == pytest.approx(profile.meta["held_out"][op]["median_abs_error"])
@@ -162,3 +162,86 @@ def test_profiler_inspect_prints_a_published_profiles_source_and_check():
     assert proc.returncode == 0, proc.stderr
     assert "Vidur (https://github.com/microsoft/vidur" in proc.stdout and "MIT" in proc.stdout
     assert "all_reduce" in proc.stdout and "held-out median" in proc.stdout
+
+
+KERNELS = "calibration/published/vidur-a100-llama-2-7b"
+VIDUR_OPS = ("emb", "input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
+             "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
+
+
+def vidur_mlp(path, bad_tokens=False):
+    """An mlp.csv in Vidur's columns for a small shape: every op a line in tokens, TP 1 and 2."""
+    rows = []
+    for tp in (1, 2):
+        for tokens in range(1, 301, 3):
+            row = {"n_head": 8, "n_kv_head": 8, "n_embd": 512, "n_expanded_embd": 1376, "vocab_size": 32000,
+                   "use_gated_mlp": True, "num_tokens": -1 if bad_tokens and tokens == 4 else tokens,
+                   "num_tensor_parallel_workers": tp}
+            for i, op in enumerate(VIDUR_OPS):
+                row[f"time_stats.{op}.median"] = (0.005 + 0.0001 * (i + 1) * tokens) / tp
+            rows.append(row)
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path
+
+
+def test_an_imported_kernel_table_names_the_calibrations_operators_and_holds_out_its_fifths(tmp_path):
+    out = tmp_path / "kernels"
+    proc = subprocess.run([sys.executable, "-m", "sim", "import-profile", "vidur-mlp", str(vidur_mlp(tmp_path / "m.csv")),
+                           "--out", str(out), *SOURCE[:-2]], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    profile = load_published(out)
+    assert profile.kind == "kernels" and profile.meta["model"]["hidden"] == 512
+    assert set(profile.tables) == {"linear.qkv", "linear.o", "linear.gate_up", "linear.down", "elementwise"}
+    # elementwise: the two norms, RoPE, the activation and two adds (Vidur times one add).
+    parts = [VIDUR_OPS.index(op) + 1 for op in ("input_layernorm", "post_attention_layernorm", "attn_rope", "mlp_act",
+                                                 "add", "add")]
+    assert profile.table("elementwise")(2, 100) == pytest.approx(sum(0.005 + 0.0001 * i * 100 for i in parts) / 2e3,
+                                                                 rel=1e-9)
+    assert all(h["median_abs_error"] < 0.01 for h in profile.meta["held_out"].values())
+    proc = subprocess.run([sys.executable, "-m", "sim", "import-profile", "vidur-mlp",
+                           str(vidur_mlp(tmp_path / "bad.csv", bad_tokens=True)), "--out", str(tmp_path / "x"),
+                           *SOURCE[:-2]], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 2 and "num_tokens must be a positive number" in proc.stderr
+
+
+def test_a_scenario_of_the_tables_shape_prices_its_layers_from_them_and_the_rest_by_the_roofline():
+    kernels = tp_scenario(calibration=KERNELS, speculation={"method": "draft_model", "acceptance": {"rate": 0.6},
+                                                           "draft": {"model": "tinyllama-1.1b"}})
+    plain = tp_scenario(speculation={"method": "draft_model", "acceptance": {"rate": 0.6},
+                                     "draft": {"model": "tinyllama-1.1b"}})
+    profile = load_published(REPO / KERNELS)
+    stacks = build_stacks(kernels)
+    measured, roofline = cost_model_for(kernels), cost_model_for(plain)
+    tokens = 32
+    group = [uniform_group(DECODE, tokens, 1, tokens * 1000)]
+    c_measured, c_roofline = measured.pricer(stacks.target).c, roofline.pricer(stacks.target).c
+    per_layer = sum(profile.table(op)(8, tokens) for op in ("linear.qkv", "linear.o", "linear.gate_up", "linear.down"))
+    assert c_measured.layers_time_s(tokens) == pytest.approx(32 * per_layer, rel=1e-12)
+    difference = (c_measured.layers_time_s(tokens) - c_roofline.layers_time_s(tokens)
+                  + 32 * (c_measured.elementwise_s(tokens) - c_roofline.elementwise_s(tokens)))
+    got = measured.forward(stacks.target, group, [0.0] * len(PHASES)) - \
+        roofline.forward(stacks.target, group, [0.0] * len(PHASES))
+    assert got == pytest.approx(difference, rel=1e-9)
+    # The draft (another shape) keeps the roofline; the origins say which is which.
+    measured.forward(stacks.draft, group, [0.0] * len(PHASES))
+    origins = measured.origins()
+    assert origins["target"].startswith(f"published kernels {KERNELS}") and origins["tinyllama-1.1b"] == "roofline"
+
+
+@pytest.mark.parametrize("over,message", [
+    ({"model": "llama-3.1-8b"}, "timed layers of hidden 4096, 32/32 heads, FFN 11008; llama-3.1-8b is another shape"),
+    ({"tensor_parallel": 16, "model": "llama-2-70b", "calibration": "calibration/published/vidur-a100-llama-2-70b"},
+     "timed tensor_parallel [1, 2, 4, 8], the scenario runs 16"),
+    ({"dtype": "fp8"}, "timed fp16 weights; the scenario runs fp8"),
+    ({"calibration": "calibration/published/nccl-a100-dgx"}, "is a published collectives table"),
+])
+def test_a_kernel_table_that_cannot_price_the_scenario_is_one_line(over, message):
+    from sim.errors import InputError
+
+    with pytest.raises(InputError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        tp_scenario(**{"calibration": KERNELS, **over})
+
+
+def test_a_kernel_table_of_other_hardware_warns():
+    cost = cost_model_for(tp_scenario(calibration=KERNELS, hardware="h100-sxm"))
+    assert any("measured on a100-80g, the scenario's hardware is h100-sxm" in w for w in cost.warnings)

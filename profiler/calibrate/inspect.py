@@ -12,16 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def is_published(path: Path) -> bool:
-    """Is the folder a published profile (sim/formats/published.py) rather than a calibration?"""
-    import json
-
-    try:
-        return json.loads((Path(path) / "meta.json").read_text()).get("kind") == "published"
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
 def inspect_published(path: Path) -> None:
     """Print a published profile's source, what it measured, each table's reach and held-out error,
     and what the simulator prices with it."""
@@ -31,20 +21,28 @@ def inspect_published(path: Path) -> None:
     profile = load_published(path)
     meta = profile.meta
     print(f"{repo_relative(profile.path)}: published, {profile.source}")
-    print(f"measured on {meta['hardware']} ({meta['interconnect']}), {meta['library']}; imported "
-          f"{meta['created_utc']}, git {meta['git_revision'][:12]}")
+    what = (f"{meta['interconnect']}, {meta['library']}" if profile.kind == "collectives" else
+            f"layers of hidden {meta['model']['hidden']}, {meta['model']['heads']}/{meta['model']['kv_heads']} heads, "
+            f"FFN {meta['model']['ffn']}, {meta['dtype']}")
+    print(f"{profile.kind} measured on {meta['hardware']} ({what}); imported {meta['created_utc']}, "
+          f"git {meta['git_revision'][:12]}")
     for column, what in meta["measured"].items():
         print(f"  {column}: {what}")
-    header = f"{'table':<14} {'ranks':>10} {'bytes':>21} {'held-out median':>16} {'P90':>7}"
+    second = next(iter(profile.tables.values())).dims[1]
+    header = f"{'table':<16} {'ranks':>10} {second:>21} {'held-out median':>16} {'P90':>7}"
     print(header)
     print("-" * len(header))
     for op, table in profile.tables.items():
         held = meta["held_out"][op]
-        ranks, sizes = table.axes
-        print(f"{op:<14} {f'{int(ranks[0])}-{int(ranks[-1])}':>10} {f'{sizes[0]:,.0f}-{sizes[-1]:,.0f}':>21} "
+        ranks, points = table.axes
+        print(f"{op:<16} {f'{int(ranks[0])}-{int(ranks[-1])}':>10} {f'{points[0]:,.0f}-{points[-1]:,.0f}':>21} "
               f"{held['median_abs_error']:>16.1%} {held['p90_abs_error']:>7.1%}")
-    print("prices: the tensor-parallel all-reduce of scenarios on a GPU of this interconnect whose engine "
-          f"reduces with {meta['library']} (sim/cost/collectives.py)")
+    if profile.kind == "collectives":
+        print("prices: the tensor-parallel all-reduce of scenarios on a GPU of this interconnect whose engine "
+              f"reduces with {meta['library']} (sim/cost/collectives.py)")
+    else:
+        print("prices: the layers of a scenario of this shape that names it as `calibration:` (sim/cost/kernels.py); "
+              "the roofline prices attention, the LM head and what else the table lacks")
 
 
 def inspect_bundle(path: Path) -> None:
@@ -56,6 +54,8 @@ def inspect_bundle(path: Path) -> None:
     from sim.formats.bundle import PROFILE, timing_noise_line
     from sim.formats.provenance import repo_relative
     from sim.scenario.presets.hardware import HARDWARE
+
+    from sim.formats.published import is_published
 
     if is_published(path):
         inspect_published(path)

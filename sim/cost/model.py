@@ -25,7 +25,9 @@ from sim.cost.blackbox import BlackBoxDraftPricer, BlackBoxPricer
 from sim.cost.roofline import RooflineHost, RooflinePricer, RooflineRates
 from sim.cost.stack import Stack, quantized_weight_bytes
 from sim.cost.table import BundleHost, TablePricer
+from sim.cost.kernels import LayerKernels
 from sim.formats.bundle import Bundle, check_bundle, load_bundle
+from sim.formats.published import PublishedProfile, check_kernels, is_published, load_published
 from sim.scenario.schema import Scenario
 
 
@@ -92,7 +94,26 @@ def cost_model_for(scenario: Scenario) -> CostModel:
         rates = RooflineRates(scenario, link_gb_s=scenario.offload.link_gb_s)
         return CostModel(scenario, lambda stack: RooflinePricer(stack, rates), RooflineHost(scenario.engine_spec),
                          warnings=list(rates.warnings), collectives=rates.collectives)
+    if is_published(scenario.calibration):
+        return published_cost_model(scenario, load_published(scenario.calibration))
     return calibrated_cost_model(scenario, load_bundle(scenario.calibration))
+
+
+def published_cost_model(scenario: Scenario, profile: PublishedProfile) -> CostModel:
+    """The roofline with a published profile's layer kernels for every stack of the profile's shape
+    (sim/cost/kernels.py): the target, and self-drafts that run its layers."""
+    warnings = check_kernels(profile, scenario)
+    kernels = LayerKernels(profile, scenario.tensor_parallel, scenario.dtype_bytes)
+    rates = RooflineRates(scenario, link_gb_s=scenario.offload.link_gb_s, kernels=kernels)
+
+    def pricer_of(stack: Stack) -> RooflinePricer:
+        pricer = RooflinePricer(stack, rates)
+        if pricer.c.kernels is not None:
+            pricer.origin = kernels.origin
+        return pricer
+
+    return CostModel(scenario, pricer_of, RooflineHost(scenario.engine_spec), warnings=warnings + rates.warnings,
+                     collectives=rates.collectives)
 
 
 def calibrated_cost_model(scenario: Scenario, bundle: Bundle) -> CostModel:

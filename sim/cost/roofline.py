@@ -45,8 +45,10 @@ class _StackCost:
 
     def __init__(self, stack: Stack, *, act_bytes: int, kv_bytes: int, tp: int, flops_s: float, attn_flops_s: float,
                  bytes_s: float, lm_head_bytes: int, corner: float | None, expert_parallel: bool = False,
-                 weight_read_scale: float = 1.0):
+                 weight_read_scale: float = 1.0, kernels=None):
         self.stack = stack
+        # A published profile's layer kernels of this stack's shape (sim/cost/kernels.py), or None.
+        self.kernels = kernels
         self.layers = stack.layers
         self.flops_s = flops_s
         self.attn_flops_s = attn_flops_s
@@ -117,7 +119,7 @@ class _StackCost:
         # Below its ridge each linear is memory-bound, so up to the smallest ridge a set of them
         # costs (weight bytes + tokens x activation bytes) / bandwidth: a line in tokens. With a
         # soft corner or experts (weights read grow with tokens) there is no such line.
-        self.closed_form = corner is None and not self.moe_layers
+        self.closed_form = corner is None and not self.moe_layers and kernels is None
         self.layer_line = self.memory_bound_line(self.linears)
         self.extra_line = self.memory_bound_line(self.extra_linears)
         self.lm_line = self.memory_bound_line([self.lm_head] if self.lm_head is not None else [])
@@ -169,10 +171,19 @@ class _StackCost:
 
     def layers_time_s(self, tokens: float) -> float:
         """Every decoder layer's linears (dense layers, and MoE layers' shared part and routed experts)."""
+        if self.kernels is not None:
+            return self.dense_layers * self.kernels.linears_s(tokens)
         total = self.dense_layers * self.linear_time_s(self.linears, tokens)
         if self.moe_layers:
             total += self.moe_layers * (self.linear_time_s(self.moe_linears, tokens) + self.routed_time_s(tokens))
         return total
+
+    def elementwise_s(self, tokens: float) -> float:
+        """One layer's norms, RoPE, activation and residual adds: their bytes over the bandwidth, or
+        the published kernels' time."""
+        if self.kernels is not None:
+            return self.kernels.elementwise_s(tokens)
+        return tokens * self.elementwise_bytes_per_token / self.bytes_s
 
     def padded_query(self, query):
         """Query tokens an attention kernel computes for `query` tokens of one request (a number or
@@ -239,8 +250,9 @@ class RooflineRates:
     host terms; with each stack's coefficients (`stack_cost`) and the composition of a forward from
     its terms (`compose`), which the operator tables' pricer shares (sim/cost/table.py)."""
 
-    def __init__(self, scenario: Scenario, link_gb_s: float | None = None):
+    def __init__(self, scenario: Scenario, link_gb_s: float | None = None, kernels=None):
         hw = scenario.hardware_spec
+        self.kernels = kernels      # sim/cost/kernels.py LayerKernels, for the stacks it fits
         engine = scenario.engine_spec
         self.engine = engine
         self.tp = scenario.tensor_parallel
@@ -269,7 +281,8 @@ class RooflineRates:
                               flops_s=self.flops_s, attn_flops_s=self.attn_flops_s, bytes_s=self.bytes_s,
                               lm_head_bytes=self.act_bytes, corner=self.corner,
                               expert_parallel=self.expert_parallel,
-                              weight_read_scale=self.int4_read_scale if stack.weight_bytes < self.act_bytes else 1.0)
+                              weight_read_scale=self.int4_read_scale if stack.weight_bytes < self.act_bytes else 1.0,
+                              kernels=self.kernels if self.kernels is not None and self.kernels.fits(stack) else None)
             self._stacks[id(stack)] = cost
         return cost
 
@@ -330,7 +343,7 @@ class RooflineRates:
         if terms is None:
             layers = c.layers
             shared = (c.layers_time_s(tokens)
-                      + layers * (tokens * c.elementwise_bytes_per_token / c.bytes_s
+                      + layers * (c.elementwise_s(tokens)
                                 + 2 * self.allreduce_time_s(tokens * c.stack.hidden * self.act_bytes)
                                 + layer_overhead)
                       + c.linear_time_s(c.extra_linears, tokens) + self.engine.forward_overhead_s)

@@ -1,16 +1,19 @@
 """A published profile: GPU timings others measured and published, kept in the bundle's two files.
 
 DIR/profile.parquet, one row per point:
-  op          what was timed (all_reduce, send_recv, ...)
-  ranks       GPUs taking part (0 where the op has none)
-  bytes       message size of one GPU, bytes
+  op          what was timed: a collective (all_reduce, send_recv, ...) or a layer's operator
+              named as a calibration names it (linear.qkv, ..., elementwise)
+  ranks       GPUs taking part (collectives), or the tensor-parallel size whose shard was timed
+  bytes       message size of one GPU, bytes (collectives)
+  tokens      tokens in the forward (operators)
   seconds     the source's figure at that point (see meta.json `measured`)
   held_out    True for the source's rows kept apart to check the table (every fifth size)
   source_rows the source's rows behind a point (a point is their median)
 
-DIR/meta.json: `kind: published`, the source (name, repository or URL, path, commit, licence),
-the hardware and interconnect it was measured on, the library (for collectives: nccl), what each
-column measured, the grid of every op and its held-out error. `python -m sim import-profile`
+DIR/meta.json: `kind: published`, `table: collectives | kernels`, the source (name, repository or
+URL, path, commit, licence), the hardware it was measured on, for collectives the interconnect and
+library, for kernels the model's shape and dtype, what each column measured, the grid of every op
+and its held-out error. `python -m sim import-profile`
 writes one (sim/imports/); `load_published` reads one, every way it can be unusable an
 InputError naming the folder.
 """
@@ -23,11 +26,13 @@ from pathlib import Path
 
 from sim.errors import InputError
 from sim.formats.bundle import META, PROFILE, SCHEMA_VERSION, table_from_rows
+from sim.formats.provenance import repo_relative
 from sim.formats.table import OperatorTable
 
 KIND = "published"
-DIMS = ("ranks", "bytes")
-COLUMNS = ("op", *DIMS, "seconds", "held_out", "source_rows")
+COLUMNS = ("op", "seconds", "held_out", "source_rows")
+# What meta.json holds besides the source, by the kind of table.
+TABLE_KEYS = {"collectives": ("interconnect", "library"), "kernels": ("model", "dtype")}
 # What an imported table must hold out within: median |interpolated / the source's row - 1| over
 # its held-out rows (issue 57).
 HELD_OUT_TARGET = 0.10
@@ -40,12 +45,25 @@ class PublishedProfile:
     tables: dict[str, OperatorTable]
 
     @property
+    def kind(self) -> str:
+        """collectives or kernels."""
+        return self.meta["table"]
+
+    @property
     def source(self) -> str:
         s = self.meta["source"]
         return f"{s['name']} ({s['repository']}, {s['path']} at {s['commit'][:12]}, {s['licence']})"
 
     def table(self, op: str) -> OperatorTable | None:
         return self.tables.get(op)
+
+
+def is_published(path: str | Path) -> bool:
+    """Is the folder a published profile rather than a calibration bundle?"""
+    try:
+        return json.loads((Path(path) / META).read_text()).get("kind") == KIND
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def load_published(path: str | Path) -> PublishedProfile:
@@ -69,13 +87,14 @@ def _load(folder: Path, stamp: tuple) -> PublishedProfile:
         raise InputError("published profile", f"{folder} cannot be read ({exc.__class__.__name__})") from None
     if not isinstance(meta, dict) or meta.get("schema_version") != SCHEMA_VERSION or meta.get("kind") != KIND:
         raise InputError("published profile", f"{folder / META} is not a published profile of schema {SCHEMA_VERSION}")
-    missing = [c for c in COLUMNS if c not in frame.columns]
-    if missing:
-        raise InputError("published profile", f"{folder / PROFILE} lacks columns {', '.join(missing)}")
     try:
+        dims = {d for spec in meta["grid"].values() for d in spec["dims"]}
+        missing = [c for c in (*COLUMNS, *sorted(dims)) if c not in frame.columns]
+        if missing:
+            raise InputError("published profile", f"{folder / PROFILE} lacks columns {', '.join(missing)}")
         tables = {op: grid_table(op, spec, frame[(frame.op == op) & ~frame.held_out])
                   for op, spec in meta["grid"].items()}
-        for key in ("source", "hardware", "interconnect", "library", "measured"):
+        for key in ("source", "hardware", "measured", *TABLE_KEYS[meta["table"]]):
             meta[key]
     except (KeyError, TypeError, ValueError) as exc:
         raise InputError("published profile", f"{folder} is inconsistent: {exc.__class__.__name__} {exc}") from None
@@ -88,3 +107,29 @@ def grid_table(op: str, spec: dict, rows) -> OperatorTable:
     tables, since a published point is already the median of the source's neighbouring rows, and a
     collective over more GPUs can be faster (NVSwitch's in-network reduction)."""
     return table_from_rows(op, spec, rows, monotone=False)
+
+
+def check_kernels(profile: PublishedProfile, scenario) -> list[str]:
+    """Errors (InputError on `calibration`) for a kernel profile that cannot price the scenario's
+    target: a collectives table, another model shape, weights other than 16-bit, a tensor-parallel
+    size it did not time; warnings (returned) for one measured on other hardware."""
+    where = repo_relative(profile.path)
+    if profile.kind != "kernels":
+        raise InputError("calibration", f"{where} is a published {profile.kind} table, priced by interconnect "
+                                        f"on its own (sim/cost/collectives.py), not a scenario's calibration")
+    model, m = scenario.model_spec, profile.meta["model"]
+    if (model.hidden, model.heads, model.kv_heads, model.ffn) != (m["hidden"], m["heads"], m["kv_heads"], m["ffn"]) \
+            or model.experts is not None or model.latent is not None:
+        raise InputError("calibration", f"{where} timed layers of hidden {m['hidden']}, {m['heads']}/{m['kv_heads']} "
+                                        f"heads, FFN {m['ffn']}; {model.name} is another shape")
+    if scenario.dtype not in ("bf16", "fp16"):
+        raise InputError("calibration", f"{where} timed {profile.meta['dtype']} weights; the scenario runs "
+                                        f"{scenario.dtype}")
+    ranks = [int(r) for r in profile.table("linear.qkv").axes[0]]
+    if scenario.tensor_parallel not in ranks:
+        raise InputError("calibration", f"{where} timed tensor_parallel {ranks}, the scenario runs "
+                                        f"{scenario.tensor_parallel}")
+    if profile.meta["hardware"] != scenario.hardware_spec.name:
+        return [f"calibration {where} was measured on {profile.meta['hardware']}, the scenario's hardware is "
+                f"{scenario.hardware_spec.name}"]
+    return []

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.errors import InputError
+from sim.imports.source_table import check_positive, read_source_csv
 
 COLLECTIVES = ("all_reduce", "all_gather", "send_recv", "reduce_scatter", "broadcast")
 COLUMNS = ("num_workers", "size", "collective", "devices_per_node")
@@ -30,14 +31,7 @@ def read_collectives(path: Path):
     """The within-node rows of one of Vidur's collective CSVs as (op, ranks, bytes, seconds)."""
     import pandas as pd
 
-    try:
-        frame = pd.read_csv(path)
-    except (OSError, ValueError) as exc:
-        raise InputError(str(path), f"cannot be read as CSV ({exc.__class__.__name__})") from None
-    missing = [c for c in COLUMNS if c not in frame.columns]
-    if missing:
-        raise InputError(str(path), f"lacks columns {', '.join(missing)} (a Vidur collective table has "
-                                    f"{', '.join(COLUMNS)} and time_stats.<collective>.median)")
+    frame = read_source_csv(path, list(COLUMNS), "a Vidur collective table, with time_stats.<collective>.median")
     ops = frame.collective.unique()
     if len(ops) != 1 or ops[0] not in COLLECTIVES:
         raise InputError(str(path), f"holds collectives {sorted(map(str, ops))}; one of {', '.join(COLLECTIVES)} "
@@ -46,11 +40,7 @@ def read_collectives(path: Path):
     column = f"time_stats.{op}.median"
     if column not in frame.columns:
         raise InputError(str(path), f"lacks column {column}")
-    for name in (column, "size", "num_workers"):
-        values = pd.to_numeric(frame[name], errors="coerce")
-        if values.isna().any() or (values <= 0).any():
-            bad = frame.loc[values.isna() | (values <= 0), name].iloc[0]
-            raise InputError(str(path), f"{name} must be a positive number in every row (got {bad!r})")
+    check_positive(frame, [column, "size", "num_workers"], path)
     local = frame[frame.devices_per_node == frame.num_workers]
     if local.empty:
         raise InputError(str(path), "has no rows within one node (devices_per_node = num_workers)")

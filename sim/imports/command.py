@@ -1,6 +1,7 @@
 """`python -m sim import-profile`: a published table read from its files and written as a
 published profile (sim/formats/published.py), with its source, and its own check: the source's
-rows held out of the table (every fifth size) against what the table interpolates there."""
+rows held out of the table (every fifth size or token count) against what the table interpolates
+there."""
 from __future__ import annotations
 
 import datetime as dt
@@ -16,7 +17,9 @@ from sim.formats.published import HELD_OUT_TARGET, KIND, grid_table
 from sim.scenario.presets import HARDWARE
 from sim.scenario.presets.engines import COLLECTIVES_LIBRARIES as LIBRARIES
 
-KINDS = ("vidur-collectives",)
+# Each importer: the table it makes, and the dims of its grid.
+KINDS = {"vidur-collectives": ("collectives", ("ranks", "bytes")),
+         "vidur-mlp": ("kernels", ("ranks", "tokens"))}
 
 
 @dataclass(frozen=True)
@@ -30,8 +33,8 @@ class ImportOptions:
     commit: str               # the repository's commit, or the page's date
     licence: str
     hardware: str             # the hardware preset it was measured on
-    interconnect: str         # the GPU-to-GPU link class (a hardware preset's `interconnect`)
-    library: str              # the collectives' library
+    interconnect: str | None = None   # collectives: the GPU-to-GPU link class (a hardware preset's `interconnect`)
+    library: str = "nccl"             # collectives: their library
 
 
 def check_options(options: ImportOptions) -> None:
@@ -39,55 +42,74 @@ def check_options(options: ImportOptions) -> None:
         raise InputError("KIND", f"{options.kind!r} is not one of {', '.join(KINDS)}")
     if options.hardware not in HARDWARE:
         raise InputError("--hardware", f"unknown preset {options.hardware!r} (known: {', '.join(HARDWARE)})")
-    links = sorted({h.interconnect for h in HARDWARE.values()})
-    if options.interconnect not in links:
-        raise InputError("--interconnect", f"unknown interconnect {options.interconnect!r} (known: {', '.join(links)})")
-    if options.library not in LIBRARIES:
-        raise InputError("--library", f"{options.library!r} is not one of {', '.join(LIBRARIES)}")
+    if KINDS[options.kind][0] == "collectives":
+        links = sorted({h.interconnect for h in HARDWARE.values()})
+        if options.interconnect not in links:
+            raise InputError("--interconnect", f"unknown interconnect {options.interconnect!r} "
+                                               f"(known: {', '.join(links)})")
+        if options.library not in LIBRARIES:
+            raise InputError("--library", f"{options.library!r} is not one of {', '.join(LIBRARIES)}")
     for file in options.files:
         if not file.is_file():
             raise InputError(str(file), "no such file")
 
 
-def import_profile(options: ImportOptions) -> int:
-    """Read, bin, check and write; print each table's held-out error."""
+def read_source(options: ImportOptions):
+    """(grid rows, held-out rows, what each column measured, the table's own meta keys)."""
     import pandas as pd
 
-    from sim.imports.collectives import MEASURED, bin_by_size, read_collectives
+    if options.kind == "vidur-collectives":
+        from sim.imports.collectives import MEASURED, bin_by_size, read_collectives
+
+        frames = [read_collectives(f) for f in options.files]
+        ops = [str(f.op.iloc[0]) for f in frames]
+        if len(set(ops)) < len(ops):
+            raise InputError("FILE", f"two files hold the same collective ({', '.join(ops)})")
+        grid_rows, held_rows = bin_by_size(pd.concat(frames, ignore_index=True))
+        return grid_rows, held_rows, MEASURED, {"interconnect": options.interconnect, "library": options.library}
+    from sim.imports.kernels import MEASURED, hold_out_fifths, read_kernels
+
+    if len(options.files) != 1:
+        raise InputError("FILE", "vidur-mlp reads one mlp.csv (one model on one GPU)")
+    rows, shape = read_kernels(options.files[0])
+    grid_rows, held_rows = hold_out_fifths(rows)
+    model = {"heads": shape["n_head"], "kv_heads": shape["n_kv_head"], "hidden": shape["n_embd"],
+             "ffn": shape["n_expanded_embd"], "vocab": shape["vocab_size"], "gated_mlp": shape["use_gated_mlp"]}
+    return grid_rows, held_rows, MEASURED, {"model": model, "dtype": "fp16"}
+
+
+def import_profile(options: ImportOptions) -> int:
+    """Read, check and write; print each table's held-out error."""
+    import pandas as pd
 
     check_options(options)
-    frames = [read_collectives(f) for f in options.files]
-    ops = [str(f.op.iloc[0]) for f in frames]
-    if len(set(ops)) < len(ops):
-        raise InputError("FILE", f"two files hold the same collective ({', '.join(ops)})")
-    rows = pd.concat(frames, ignore_index=True)
-    grid_rows, held_rows = bin_by_size(rows)
+    table_kind, dims = KINDS[options.kind]
+    grid_rows, held_rows, measured, own = read_source(options)
     grid, held_out, lines = {}, {}, []
     for op, of_op in grid_rows.groupby("op"):
-        axes = {d: sorted(of_op[d].unique().tolist()) for d in ("ranks", "bytes")}
-        grid[op] = {"dims": ["ranks", "bytes"], "axes": axes}
+        axes = {d: sorted(of_op[d].unique().tolist()) for d in dims}
+        grid[op] = {"dims": list(dims), "axes": axes}
         table = grid_table(op, grid[op], of_op)
         held = held_rows[held_rows.op == op]
-        errors = np.array([table(r.ranks, r.bytes) / r.seconds - 1 for r in held.itertuples()])
+        errors = np.array([table(*(getattr(r, d) for d in dims)) / r.seconds - 1 for r in held.itertuples()])
         held_out[op] = summary(errors)
         for ranks in axes["ranks"]:
-            mine = errors[(held.ranks == ranks).to_numpy()]
-            lines.append(f"{op:<14} {int(ranks):>5} {len(axes['bytes']):>6} {len(mine):>5} "
-                         f"{np.median(np.abs(mine)):>7.1%} {np.percentile(np.abs(mine), 90):>7.1%} "
-                         f"{np.abs(mine).max():>7.1%}")
+            mine = np.abs(errors[(held.ranks == ranks).to_numpy()])
+            lines.append(f"{op:<14} {int(ranks):>5} {len(axes[dims[1]]):>6} {len(mine):>5} {np.median(mine):>7.1%} "
+                         f"{np.percentile(mine, 90):>7.1%} {mine.max():>7.1%}")
     frame = pd.concat([grid_rows.assign(held_out=False), held_rows.assign(held_out=True)], ignore_index=True)
     meta = {
-        "schema_version": SCHEMA_VERSION, "kind": KIND,
+        "schema_version": SCHEMA_VERSION, "kind": KIND, "table": table_kind,
         "source": {"name": options.source, "repository": options.repository, "path": options.path,
                    "commit": options.commit, "licence": options.licence,
                    "files": [f.name for f in options.files], "importer": options.kind},
-        "hardware": options.hardware, "interconnect": options.interconnect, "library": options.library,
-        "measured": MEASURED, "grid": grid, "held_out": held_out,
+        "hardware": options.hardware, **own,
+        "measured": measured, "grid": grid, "held_out": held_out,
         "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "git_revision": git_revision(), "versions": versions(("pandas", "pyarrow")),
     }
-    write_bundle(options.out, frame[["op", "ranks", "bytes", "seconds", "held_out", "source_rows"]], meta)
-    print(f"{'op':<14} {'ranks':>5} {'sizes':>6} {'held':>5} {'median':>7} {'P90':>7} {'worst':>7}   "
+    write_bundle(options.out, frame[["op", *dims, "seconds", "held_out", "source_rows"]], meta)
+    print(f"{'op':<14} {'ranks':>5} {dims[1]:>6} {'held':>5} {'median':>7} {'P90':>7} {'worst':>7}   "
           f"|table / held-out row - 1|")
     print("\n".join(lines))
     for op, h in held_out.items():

@@ -9,6 +9,7 @@ import yaml
 from pydantic import ValidationError
 
 from sim.errors import InputError
+from sim.formats.published import is_published
 from sim.scenario.presets import MODELS
 from sim.scenario.schema import Scenario
 
@@ -124,7 +125,11 @@ def _check_semantics(scenario: Scenario) -> None:
     if spec.method == "layerskip" and spec.draft.exit_layer >= model.layers:
         raise InputError("speculation.draft.exit_layer",
                             f"{spec.draft.exit_layer} must be below {model.name}'s {model.layers} layers")
-    if scenario.calibration is not None:
+    if scenario.calibration is not None and is_published(scenario.calibration):
+        from sim.formats.published import check_kernels, load_published
+
+        check_kernels(load_published(scenario.calibration), scenario)  # another shape, dtype or TP: fail now
+    elif scenario.calibration is not None:
         from sim.formats.bundle import check_bundle, load_bundle
 
         check_bundle(load_bundle(scenario.calibration), scenario)     # unreadable, other model or dtype: fail now

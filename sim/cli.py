@@ -8,7 +8,7 @@ python -m sim validate --published [CATALOGUE] [--out DIR] [--docs FILE] [--scen
 python -m sim validate --published [CATALOGUE] --fit
 python -m sim fit-acceptance RUN_DIR|CAMPAIGN_DIR... [--vllm FILE ...] -o acceptance.yaml
 python -m sim oracle POSITIONS RUN_DIR|CAMPAIGN_DIR... [--calibration DIR] [--pair A,B ...] [--docs FILE]
-python -m sim import-profile vidur-collectives|vidur-mlp FILE... --out DIR --repository URL --path PATH
+python -m sim import-profile vidur-collectives|collectives-csv|vidur-mlp FILE... --out DIR --repository URL --path PATH
     --commit SHA --licence L --hardware PRESET [--interconnect LINK] [--library nccl|rccl|custom] [--source NAME]
 
 run: simulates a scenario with its speculation and without (the baseline), on the same requests and
@@ -149,8 +149,10 @@ def add_oracle_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_import_profile_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("kind", choices=("vidur-collectives", "vidur-mlp"),
-                        help="the source's format: Vidur's network/*/<collective>.csv, or compute/<gpu>/<model>/mlp.csv")
+    parser.add_argument("kind", choices=("vidur-collectives", "collectives-csv", "vidur-mlp"),
+                        help="the source's format: Vidur's network/*/<collective>.csv; a collective table "
+                             "transcribed from a page (op, ranks, elements, dtype_bytes, ms, library); or Vidur's "
+                             "compute/<gpu>/<model>/mlp.csv")
     parser.add_argument("files", type=Path, nargs="+", metavar="FILE", help="the source's tables (one a collective)")
     parser.add_argument("--out", type=Path, required=True, help="the published profile's folder to write")
     parser.add_argument("--source", default="Vidur", help="who published the table")
@@ -161,7 +163,8 @@ def add_import_profile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hardware", required=True, help="the hardware preset the source measured on")
     parser.add_argument("--interconnect",
                         help="collectives: the GPU-to-GPU link class, as hardware presets name it (nvlink4, nvlink3, ...)")
-    parser.add_argument("--library", default="nccl", help="the collectives' library: nccl, rccl or custom")
+    parser.add_argument("--library", default="nccl",
+                        help="the collectives' library: nccl, rccl, vllm-custom, sglang-custom, trtllm-custom or custom")
 
 
 # ---- the commands, in the order --help lists them ----------------------------------------------

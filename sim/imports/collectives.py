@@ -67,3 +67,37 @@ def bin_by_size(rows, per_octave: int = 4):
                          "source_rows": len(cell)})
     held_rows = rows[held].assign(source_rows=1)
     return pd.DataFrame(grid), held_rows
+
+
+TRANSCRIBED = ("op", "ranks", "elements", "dtype_bytes", "ms", "library")
+MEASURED_TRANSCRIBED = {
+    "seconds": "the source's latency (ms) in seconds, as its table states it",
+    "bytes": "the source's elements x bytes an element: one GPU's buffer",
+    "ranks": "GPUs in the collective, all on one node",
+}
+
+
+def read_transcribed(path: Path, library: str):
+    """A collective table transcribed from a page (a pull request's or a blog's), the rows of one
+    library: columns op, ranks, elements, dtype_bytes, ms, library."""
+    import pandas as pd
+
+    frame = read_source_csv(path, list(TRANSCRIBED), "a transcribed collective table")
+    check_positive(frame, ["ranks", "elements", "dtype_bytes", "ms"], path)
+    frame = frame[frame.library == library]
+    if frame.empty:
+        raise InputError(str(path), f"has no rows of library {library!r}")
+    unknown = sorted(set(frame.op) - set(COLLECTIVES))
+    if unknown:
+        raise InputError(str(path), f"op {unknown[0]!r} is not one of {', '.join(COLLECTIVES)}")
+    return pd.DataFrame({"op": frame.op, "ranks": frame.ranks.astype(float),
+                         "bytes": (frame.elements * frame.dtype_bytes).astype(float),
+                         "seconds": frame.ms.astype(float) * 1e-3})
+
+
+def hold_out_sizes(rows):
+    """Every fifth size of each (op, ranks) held out, the rest the grid: for tables of a few sizes,
+    where binning would leave none."""
+    rows = rows.sort_values(["op", "ranks", "bytes"]).reset_index(drop=True).assign(source_rows=1)
+    held = rows.groupby(["op", "ranks"]).cumcount() % 5 == 4
+    return rows[~held], rows[held]

@@ -19,6 +19,7 @@ from sim.scenario.presets.engines import COLLECTIVES_LIBRARIES as LIBRARIES
 
 # Each importer: the table it makes, and the dims of its grid.
 KINDS = {"vidur-collectives": ("collectives", ("ranks", "bytes")),
+         "collectives-csv": ("collectives", ("ranks", "bytes")),
          "vidur-mlp": ("kernels", ("ranks", "tokens"))}
 
 
@@ -67,6 +68,14 @@ def read_source(options: ImportOptions):
             raise InputError("FILE", f"two files hold the same collective ({', '.join(ops)})")
         grid_rows, held_rows = bin_by_size(pd.concat(frames, ignore_index=True))
         return grid_rows, held_rows, MEASURED, {"interconnect": options.interconnect, "library": options.library}
+    if options.kind == "collectives-csv":
+        from sim.imports.collectives import MEASURED_TRANSCRIBED, hold_out_sizes, read_transcribed
+
+        if len(options.files) != 1:
+            raise InputError("FILE", "collectives-csv reads one transcribed table")
+        grid_rows, held_rows = hold_out_sizes(read_transcribed(options.files[0], options.library))
+        return (grid_rows, held_rows, MEASURED_TRANSCRIBED,
+                {"interconnect": options.interconnect, "library": options.library})
     from sim.imports.kernels import MEASURED, hold_out_fifths, read_kernels
 
     if len(options.files) != 1:

@@ -27,16 +27,16 @@ engine from public measurements of that engine, never tuned to a scenario, and a
 - graph_max_tokens: the largest forward (query tokens) the engine replays as a CUDA graph; larger
   forwards run eagerly and pay eager_layer_overhead_s per decoder layer (0: no cap).
 - collectives: the library of its tensor-parallel all-reduce, which picks the published table
-  that prices it (sim/cost/collectives.py): nccl (torch.distributed: gpt-fast, transformers), or
-  custom (vLLM's, SGLang's and TensorRT-LLM's own one- and two-shot kernels for small messages
-  within a node, and llama.cpp's peer copies), for which no table is published yet.
+  that prices it (sim/cost/collectives.py): nccl (torch.distributed: gpt-fast, transformers),
+  vllm-custom, sglang-custom and trtllm-custom (the engines' own one- and two-shot kernels for
+  small messages within a node), or custom (llama.cpp's peer copies).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
 # The libraries an engine's tensor-parallel all-reduce may use (EngineSpec.collectives).
-COLLECTIVES_LIBRARIES = ("nccl", "rccl", "custom")
+COLLECTIVES_LIBRARIES = ("nccl", "rccl", "vllm-custom", "sglang-custom", "trtllm-custom", "custom")
 
 
 @dataclass(frozen=True)
@@ -68,18 +68,19 @@ ENGINES: dict[str, EngineSpec] = {
     # BACKGROUND.md puts scheduler overhead at 3-12% of an SD step, i.e. a few hundred microseconds.
     "vllm": EngineSpec("vllm", mem_efficiency=0.80, compute_efficiency=0.65, step_overhead_s=350e-6,
                        request_overhead_s=6e-6, forward_overhead_s=30e-6, layer_overhead_s=0.0,
-                       ngram_lookup_s=15e-6, collectives="custom"),
+                       ngram_lookup_s=15e-6, collectives="vllm-custom"),
     # SGLang with CUDA graphs and an overlapped scheduler: slightly less host time per step.
     # speculation_request_overhead_s set on the published catalogue's fit half (EAGLE-3's SGLang
     # table, batch 2-64 on an H100) by `python -m sim validate --published --fit`.
     "sglang": EngineSpec("sglang", mem_efficiency=0.82, compute_efficiency=0.65, step_overhead_s=200e-6,
                          request_overhead_s=4e-6, forward_overhead_s=30e-6, layer_overhead_s=0.0,
-                         ngram_lookup_s=15e-6, speculation_request_overhead_s=20e-6, collectives="custom"),
+                         ngram_lookup_s=15e-6, speculation_request_overhead_s=20e-6,
+                         collectives="sglang-custom"),
     # TensorRT-LLM with in-flight batching and CUDA graphs: no public per-step host figure was found,
     # so its host terms are SGLang's.
     "tensorrt-llm": EngineSpec("tensorrt-llm", mem_efficiency=0.82, compute_efficiency=0.65, step_overhead_s=200e-6,
                                request_overhead_s=4e-6, forward_overhead_s=30e-6, layer_overhead_s=0.0,
-                               ngram_lookup_s=15e-6, collectives="custom"),
+                               ngram_lookup_s=15e-6, collectives="trtllm-custom"),
     # gpt-fast: torch.compile'd single-request loop; its README measures Llama-2-7B on an A100 at
     # 1,397 GB/s in bf16 (~70% of 2,039) and 863 GB/s with int4 weights in groups of 32 (torch's
     # tinygemm kernel; 0.625 bytes a weight with its bf16 scale and zero). In the bytes `int4`

@@ -149,7 +149,9 @@ def add_oracle_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_import_profile_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("kind", choices=("vidur-collectives", "collectives-csv", "vidur-mlp"),
+    from sim.imports import KINDS
+
+    parser.add_argument("kind", choices=tuple(KINDS),
                         help="the source's format: Vidur's network/*/<collective>.csv; a collective table "
                              "transcribed from a page (op, ranks, elements, dtype_bytes, ms, library); or Vidur's "
                              "compute/<gpu>/<model>/mlp.csv")

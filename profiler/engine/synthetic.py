@@ -101,6 +101,13 @@ class _Track:
     diverged: bool = False         # ever left the record
 
 
+class NoForwards(Drafter):
+    """The draft cost of `--draft-shape none` (as prompt lookup): no forwards, every hook a no-op."""
+
+    def propose(self, step: DraftInput, sampler=None):
+        return None, None
+
+
 class SyntheticDrafter(Drafter):
     """Proposes the recorded continuation, each position kept with its rate (see the module docstring).
     records: record_continuations' result (set before the first step); acceptance: one rate, or one a
@@ -116,7 +123,7 @@ class SyntheticDrafter(Drafter):
         self.acceptance = tuple(float(a) for a in acceptance)
         self.vocab = vocab
         self.seed = seed
-        self.cost = cost
+        self.cost = cost if cost is not None else NoForwards()
         self.reset()
 
     def reset(self) -> None:
@@ -137,8 +144,7 @@ class SyntheticDrafter(Drafter):
             raise ValueError("the synthetic drafter proposes greedy continuations; it takes no sampler")
         if step.prompt_tokens is None:
             raise ValueError("the synthetic drafter needs each request's prompt length (DraftInput.prompt_tokens)")
-        if self.cost is not None:
-            self.cost.propose(step)            # the draft's forwards, for their time; their tokens are not used
+        self.cost.propose(step)                # the draft's forwards, for their time; their tokens are not used
         W, D = step.shape.width, step.shape.depth
         keep = self.rng.random((len(step.history), D)) < np.array(position_rates(self.acceptance, D))   # [B, D]
         nodes = np.empty((len(step.history), W * D), dtype=np.int64)                                  # [B, W * D]
@@ -186,33 +192,26 @@ class SyntheticDrafter(Drafter):
     # Every hook goes to the draft whose cost is run; its cache follows the target's as a draft model's.
     def prepare(self, model, prompts, max_seq):
         self.tracks.clear()
-        if self.cost is not None:
-            self.cost.prepare(model, prompts, max_seq)
+        self.cost.prepare(model, prompts, max_seq)
 
     def prepare_rows(self, model, rows, max_seq):
         self.tracks.clear()
-        if self.cost is not None:
-            self.cost.prepare_rows(model, rows, max_seq)
+        self.cost.prepare_rows(model, rows, max_seq)
 
     def prefill(self, chunks, start, first_row):
-        if self.cost is not None:
-            self.cost.prefill(chunks, start, first_row)
+        self.cost.prefill(chunks, start, first_row)
 
     def follow(self, model, alive):
-        if self.cost is not None:
-            self.cost.follow(model, alive)
+        self.cost.follow(model, alive)
 
     def move_kv(self, rows, source, target):
-        if self.cost is not None:
-            self.cost.move_kv(rows, source, target)
+        self.cost.move_kv(rows, source, target)
 
     def swap_rows(self, a, b, length):
-        if self.cost is not None:
-            self.cost.swap_rows(a, b, length)
+        self.cost.swap_rows(a, b, length)
 
     def keep_rows(self, model, rows):
-        if self.cost is not None:
-            self.cost.keep_rows(model, rows)
+        self.cost.keep_rows(model, rows)
 
     def graph_models(self):
-        return self.cost.graph_models() if self.cost is not None else []
+        return self.cost.graph_models()

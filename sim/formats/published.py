@@ -59,11 +59,22 @@ class PublishedProfile:
 
 
 def is_published(path: str | Path) -> bool:
-    """Is the folder a published profile rather than a calibration bundle?"""
+    """Is the folder a published profile rather than a calibration bundle? (Asked by the scenario's
+    checks, the cost model and the provenance of every run: meta.json is read once per version.)"""
+    meta = Path(path) / META
     try:
-        return json.loads((Path(path) / META).read_text()).get("kind") == KIND
-    except (OSError, ValueError, AttributeError):
+        stamp = meta.stat().st_mtime_ns
+    except OSError:
         return False
+    return _kind(meta.resolve(), stamp) == KIND
+
+
+@lru_cache(maxsize=64)
+def _kind(meta: Path, stamp: int) -> str | None:
+    try:
+        return json.loads(meta.read_text()).get("kind")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def load_published(path: str | Path) -> PublishedProfile:

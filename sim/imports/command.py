@@ -14,13 +14,10 @@ from sim.errors import InputError
 from sim.formats.bundle import SCHEMA_VERSION, write_bundle
 from sim.formats.provenance import git_revision, repo_relative, versions
 from sim.formats.published import HELD_OUT_TARGET, KIND, grid_table
+from sim.imports import KINDS
 from sim.scenario.presets import HARDWARE
 from sim.scenario.presets.engines import COLLECTIVES_LIBRARIES as LIBRARIES
 
-# Each importer: the table it makes, and the dims of its grid.
-KINDS = {"vidur-collectives": ("collectives", ("ranks", "bytes")),
-         "collectives-csv": ("collectives", ("ranks", "bytes")),
-         "vidur-mlp": ("kernels", ("ranks", "tokens"))}
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ python -m sim validate --published [CATALOGUE] [--out DIR] [--docs FILE] [--scen
 python -m sim validate --published [CATALOGUE] --fit
 python -m sim fit-acceptance RUN_DIR|CAMPAIGN_DIR... [--vllm FILE ...] -o acceptance.yaml
 python -m sim oracle POSITIONS RUN_DIR|CAMPAIGN_DIR... [--calibration DIR] [--pair A,B ...] [--docs FILE]
-python -m sim import-profile vidur-collectives|collectives-csv|vidur-mlp FILE... --out DIR --repository URL --path PATH
-    --commit SHA --licence L --hardware PRESET [--interconnect LINK] [--library nccl|rccl|custom] [--source NAME]
+python -m sim import-profile vidur-collectives|collectives-csv|vidur-mlp|vidur-cpu-overheads FILE... --out DIR
+    --repository URL --path PATH --commit SHA --licence L --hardware PRESET [--interconnect LINK]
+    [--library nccl|rccl|custom] [--engine NAME] [--source NAME]
 
 run: simulates a scenario with its speculation and without (the baseline), on the same requests and
 seed. --set overrides one field (dotted path, YAML value); --vary runs the scenario once per value
@@ -29,7 +30,8 @@ counters), and SpecPV's disagreement with full verification.
 oracle: from live runs and their drafters' acceptance at every position (profiler positions), the
 predicted speedup of the run's static k, goodput k, Oracle Proposal and Oracle Combine with a second
 drafter on the same prompts.
-import-profile: a table others measured on GPUs (Vidur's NCCL collectives, or a model's layer kernels) as
+import-profile: a table others measured on GPUs (Vidur's NCCL collectives, a model's layer kernels, or an
+engine's host work per iteration) as
 a published profile under calibration/published/, its source recorded and its held-out rows checked
 (calibration/README.md).
 
@@ -153,8 +155,8 @@ def add_import_profile_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("kind", choices=tuple(KINDS),
                         help="the source's format: Vidur's network/*/<collective>.csv; a collective table "
-                             "transcribed from a page (op, ranks, elements, dtype_bytes, ms, library); or Vidur's "
-                             "compute/<gpu>/<model>/mlp.csv")
+                             "transcribed from a page (op, ranks, elements, dtype_bytes, ms, library); Vidur's "
+                             "compute/<gpu>/<model>/mlp.csv; or Vidur's <gpu>/cpu_overheads.csv")
     parser.add_argument("files", type=Path, nargs="+", metavar="FILE", help="the source's tables (one a collective)")
     parser.add_argument("--out", type=Path, required=True, help="the published profile's folder to write")
     parser.add_argument("--source", default="Vidur", help="who published the table")
@@ -167,6 +169,7 @@ def add_import_profile_arguments(parser: argparse.ArgumentParser) -> None:
                         help="collectives: the GPU-to-GPU link class, as hardware presets name it (nvlink4, nvlink3, ...)")
     parser.add_argument("--library", default="nccl",
                         help="the collectives' library: nccl, rccl, vllm-custom, sglang-custom, trtllm-custom or custom")
+    parser.add_argument("--engine", help="host tables: the engine whose iterations were timed")
 
 
 # ---- the commands, in the order --help lists them ----------------------------------------------
@@ -287,7 +290,8 @@ def import_profile_command(args: argparse.Namespace) -> int:
     return import_profile(ImportOptions(kind=args.kind, files=tuple(args.files), out=args.out, source=args.source,
                                         repository=args.repository, path=args.path, commit=args.commit,
                                         licence=args.licence, hardware=args.hardware,
-                                        interconnect=args.interconnect, library=args.library))
+                                        interconnect=args.interconnect, library=args.library,
+                                        engine=args.engine))
 
 
 @CLI.command("oracle", add_oracle_arguments)

@@ -46,6 +46,10 @@ def tiny_config(tmp_path) -> Path:
 
 
 # A machine whose roofline is easy to do by hand: 1e12 FLOP/s, 1e9 B/s, no overheads.
+# vLLM's preset as it stood before issue 57 re-sourced its host work and drafting floor (350 us a
+# step, no floor): tests of mechanisms that pin results or compare magnitudes use it, so a preset
+# re-sourced from a new measurement does not move them.
+VLLM_BEFORE_57 = {"preset": "vllm", "step_overhead_s": 350e-6, "draft_forward_overhead_s": 0.0}
 UNIT_HARDWARE = {"memory_gb": 100, "hbm_gb_s": 1, "bf16_tflops": 1, "fp16_tflops": 1,
                  "fp32_tflops": 1, "pcie_gen": 4, "pcie_lanes": 16, "interconnect_gb_s": 1,
                  "interconnect": "test", "link_gb_s": 0.5}

@@ -13,6 +13,7 @@ from sim.cost.model import cost_model_for
 from sim.cost.roofline import RooflineRates
 from sim.cost.stack import build_stacks
 from sim.scenario import load_scenario
+from conftest import VLLM_BEFORE_57
 from sim.scenario.presets import MODELS, load_hf_config
 from sim.scenario.schema import INT4_WEIGHT_BYTES
 from sim.simulate import simulate
@@ -374,7 +375,7 @@ def test_decoding_tokens_come_out_of_the_prefill_budget_where_the_engine_counts_
 def test_arrival_times_inline_and_prompt_chunks_as_forwards_of_their_own(tmp_path):
     trace = tmp_path / "trace.csv"
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,64,3\n0.5,128,8\n")
-    base = {"hardware": "h100-sxm", "model": "llama-3.1-8b"}
+    base = {"hardware": "h100-sxm", "model": "llama-3.1-8b", "engine": VLLM_BEFORE_57}
     from_file = simulate({**base, "workload": {"arrival": "trace", "trace": str(trace)}})
     inline = simulate({**base, "workload": {"arrival": "trace", "arrival_s": [0, 0.5], "prompt_tokens": [64, 128],
                                             "output_tokens": [3, 8]}})

@@ -8,23 +8,25 @@ import pytest
 import yaml
 
 import sim
-from conftest import REPO
+from conftest import REPO, VLLM_BEFORE_57
 
-EAGLE = {"hardware": "h100-sxm", "model": "llama-3.1-8b",
+EAGLE = {"hardware": "h100-sxm", "model": "llama-3.1-8b", "engine": VLLM_BEFORE_57,
          "speculation": {"method": "eagle", "num_speculative_tokens": 3, "acceptance": {"rate": 0.7}}}
 
-# Results of these scenarios before policies existed (commit e8c1b6b, the roofline cost model):
-# throughput, baseline throughput, p50 TPOT. The static policy must reproduce them to the bit.
+# Results of these scenarios before policies existed (commit e8c1b6b, the roofline cost model, vLLM's
+# preset of then): throughput, baseline throughput, p50 TPOT. The static policy must reproduce them to the bit.
 BEFORE_POLICIES = [
     (EAGLE, (3658.8881405843094, 2244.405677625941, 4.167780476702628)),
-    ({"workload": {"arrival": "poisson", "rate_qps": 20, "requests": 150},
+    ({"engine": VLLM_BEFORE_57, "workload": {"arrival": "poisson", "rate_qps": 20, "requests": 150},
       "speculation": {"method": "draft_model", "draft": {"model": "llama-3.2-1b"}, "num_speculative_tokens": 4,
                       "acceptance": {"per_position": [0.8, 0.7, 0.6, 0.5], "request_spread": 0.1}}},
      (2867.3186320330183, 2796.5347754059535, 4.692259075640014)),
-    ({"scheduler": {"batching": "static", "max_batch": 8}, "workload": {"concurrency": 8, "requests": 64},
+    ({"engine": VLLM_BEFORE_57, "scheduler": {"batching": "static", "max_batch": 8},
+      "workload": {"concurrency": 8, "requests": 64},
       "speculation": {"method": "ngram", "num_speculative_tokens": 4, "acceptance": {"rate": 0.5, "draft_share": 0.6}}},
      (1570.2990950059425, 1236.5368125727587, 4.5984362222898785)),
-    ({"speculation": {"method": "eagle3", "tree": {"tokens": 24, "depth": 5}, "acceptance": {"rate": 0.75}}},
+    ({"engine": VLLM_BEFORE_57,
+      "speculation": {"method": "eagle3", "tree": {"tokens": 24, "depth": 5}, "acceptance": {"rate": 0.75}}},
      (2517.7184190490607, 2244.405677625941, 6.0666685649450836)),
 ]
 

@@ -17,13 +17,18 @@ def inspect_published(path: Path) -> None:
     and what the simulator prices with it."""
     from sim.formats.provenance import repo_relative
     from sim.formats.published import load_published
+    from sim.scenario.presets.engines import ENGINES
 
     profile = load_published(path)
     meta = profile.meta
     print(f"{repo_relative(profile.path)}: published, {profile.source}")
-    what = (f"{meta['interconnect']}, {meta['library']}" if profile.kind == "collectives" else
-            f"layers of hidden {meta['model']['hidden']}, {meta['model']['heads']}/{meta['model']['kv_heads']} heads, "
-            f"FFN {meta['model']['ffn']}, {meta['dtype']}")
+    if profile.kind == "collectives":
+        what = f"{meta['interconnect']}, {meta['library']}"
+    elif profile.kind == "host":
+        what = f"the host work of {meta['engine']}"
+    else:
+        what = (f"layers of hidden {meta['model']['hidden']}, {meta['model']['heads']}/{meta['model']['kv_heads']} "
+                f"heads, FFN {meta['model']['ffn']}, {meta['dtype']}")
     print(f"{profile.kind} measured on {meta['hardware']} ({what}); imported {meta['created_utc']}, "
           f"git {meta['git_revision'][:12]}")
     for column, what in meta["measured"].items():
@@ -40,6 +45,10 @@ def inspect_published(path: Path) -> None:
     if profile.kind == "collectives":
         print("prices: the tensor-parallel all-reduce of scenarios on a GPU of this interconnect whose engine "
               f"reduces with {meta['library']} (sim/cost/collectives.py)")
+    elif profile.kind == "host":
+        engines = sorted(e.name for e in ENGINES.values() if e.host_profile == profile.path.name)
+        print(f"prices: each step's host work of the engine presets naming it as host_profile "
+              f"({', '.join(engines) or 'none yet'}; sim/cost/host.py)")
     else:
         print("prices: the layers of a scenario of this shape that names it as `calibration:` (sim/cost/kernels.py); "
               "the roofline prices attention, the LM head and what else the table lacks")

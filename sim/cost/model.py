@@ -1,7 +1,8 @@
 """The cost model: a step's work priced by composition, each term by where its figure comes from.
 
     CostModel = a pricer per stack (RooflinePricer | TablePricer | BlackBoxPricer | BlackBoxDraftPricer)
-              + the engine's host work (RooflineHost: an engine preset | BundleHost: a bundle's fits)
+              + the engine's host work (RooflineHost: an engine preset | PublishedHost: a published
+                host table the preset names | BundleHost: a bundle's fits)
 
 Every pricer answers the same questions of its stack (sim/cost/roofline.py RooflinePricer is the
 reference): `forward` over groups of requests, `forward_uniform` over one uniform group (the hot
@@ -22,6 +23,7 @@ import numpy as np
 
 from sim.cost.batch import Group
 from sim.cost.blackbox import BlackBoxDraftPricer, BlackBoxPricer
+from sim.cost.host import host_for
 from sim.cost.roofline import RooflineHost, RooflinePricer, RooflineRates
 from sim.cost.stack import Stack, quantized_weight_bytes
 from sim.cost.table import BundleHost, TablePricer
@@ -92,8 +94,9 @@ def cost_model_for(scenario: Scenario) -> CostModel:
     """The scenario's cost model: its calibration bundle's, or the roofline's."""
     if scenario.calibration is None:
         rates = RooflineRates(scenario, link_gb_s=scenario.offload.link_gb_s)
-        return CostModel(scenario, lambda stack: RooflinePricer(stack, rates), RooflineHost(scenario.engine_spec),
-                         warnings=list(rates.warnings), collectives=rates.collectives)
+        host, host_warnings = host_for(scenario)
+        return CostModel(scenario, lambda stack: RooflinePricer(stack, rates), host,
+                         warnings=list(rates.warnings) + host_warnings, collectives=rates.collectives)
     if is_published(scenario.calibration):
         return published_cost_model(scenario, load_published(scenario.calibration))
     return calibrated_cost_model(scenario, load_bundle(scenario.calibration))
@@ -112,7 +115,8 @@ def published_cost_model(scenario: Scenario, profile: PublishedProfile) -> CostM
             pricer.origin = kernels.origin
         return pricer
 
-    return CostModel(scenario, pricer_of, RooflineHost(scenario.engine_spec), warnings=warnings + rates.warnings,
+    host, host_warnings = host_for(scenario)
+    return CostModel(scenario, pricer_of, host, warnings=warnings + rates.warnings + host_warnings,
                      collectives=rates.collectives)
 
 

@@ -1,18 +1,21 @@
 """A published profile: GPU timings others measured and published, kept in the bundle's two files.
 
 DIR/profile.parquet, one row per point:
-  op          what was timed: a collective (all_reduce, send_recv, ...) or a layer's operator
-              named as a calibration names it (linear.qkv, ..., elementwise)
-  ranks       GPUs taking part (collectives), or the tensor-parallel size whose shard was timed
+  op          what was timed: a collective (all_reduce, send_recv, ...), a layer's operator
+              named as a calibration names it (linear.qkv, ..., elementwise), or a part of an
+              engine's host work in an iteration (schedule, prepare_inputs, sampler, ...)
+  ranks       GPUs taking part (collectives), the tensor-parallel size whose shard was timed
+              (operators), or the tensor-parallel group the engine drove (host)
   bytes       message size of one GPU, bytes (collectives)
   tokens      tokens in the forward (operators)
+  batch       requests in the iteration (host)
   seconds     the source's figure at that point (see meta.json `measured`)
   held_out    True for the source's rows kept apart to check the table (every fifth size)
   source_rows the source's rows behind a point (a point is their median)
 
-DIR/meta.json: `kind: published`, `table: collectives | kernels`, the source (name, repository or
-URL, path, commit, licence), the hardware it was measured on, for collectives the interconnect and
-library, for kernels the model's shape and dtype, what each column measured, the grid of every op
+DIR/meta.json: `kind: published`, `table: collectives | kernels | host`, the source (name,
+repository or URL, path, commit, licence), the hardware it was measured on, for collectives the
+interconnect and library, for kernels the model's shape and dtype, for host the engine, what each column measured, the grid of every op
 and its held-out error. `python -m sim import-profile`
 writes one (sim/imports/); `load_published` reads one, every way it can be unusable an
 InputError naming the folder.
@@ -32,7 +35,7 @@ from sim.formats.table import OperatorTable
 KIND = "published"
 COLUMNS = ("op", "seconds", "held_out", "source_rows")
 # What meta.json holds besides the source, by the kind of table.
-TABLE_KEYS = {"collectives": ("interconnect", "library"), "kernels": ("model", "dtype")}
+TABLE_KEYS = {"collectives": ("interconnect", "library"), "kernels": ("model", "dtype"), "host": ("engine",)}
 # What an imported table must hold out within: median |interpolated / the source's row - 1| over
 # its held-out rows (issue 57).
 HELD_OUT_TARGET = 0.10
@@ -46,7 +49,7 @@ class PublishedProfile:
 
     @property
     def kind(self) -> str:
-        """collectives or kernels."""
+        """collectives, kernels or host."""
         return self.meta["table"]
 
     @property
@@ -126,8 +129,10 @@ def check_kernels(profile: PublishedProfile, scenario) -> list[str]:
     size it did not time; warnings (returned) for one measured on other hardware."""
     where = repo_relative(profile.path)
     if profile.kind != "kernels":
-        raise InputError("calibration", f"{where} is a published {profile.kind} table, priced by interconnect "
-                                        f"on its own (sim/cost/collectives.py), not a scenario's calibration")
+        priced_by = {"collectives": "by interconnect on its own (sim/cost/collectives.py)",
+                     "host": "through an engine's host_profile (sim/cost/host.py)"}[profile.kind]
+        raise InputError("calibration", f"{where} is a published {profile.kind} table, priced {priced_by}, "
+                                        f"not a scenario's calibration")
     model, m = scenario.model_spec, profile.meta["model"]
     if (model.hidden, model.heads, model.kv_heads, model.ffn) != (m["hidden"], m["heads"], m["kv_heads"], m["ffn"]) \
             or model.experts is not None or model.latent is not None:

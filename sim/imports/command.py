@@ -33,6 +33,7 @@ class ImportOptions:
     hardware: str             # the hardware preset it was measured on
     interconnect: str | None = None   # collectives: the GPU-to-GPU link class (a hardware preset's `interconnect`)
     library: str = "nccl"             # collectives: their library
+    engine: str | None = None         # host: the engine whose iterations were timed
 
 
 def check_options(options: ImportOptions) -> None:
@@ -47,6 +48,8 @@ def check_options(options: ImportOptions) -> None:
                                                f"(known: {', '.join(links)})")
         if options.library not in LIBRARIES:
             raise InputError("--library", f"{options.library!r} is not one of {', '.join(LIBRARIES)}")
+    if KINDS[options.kind][0] == "host" and not options.engine:
+        raise InputError("--engine", "a host table needs the engine whose iterations it timed")
     for file in options.files:
         if not file.is_file():
             raise InputError(str(file), "no such file")
@@ -73,7 +76,16 @@ def read_source(options: ImportOptions):
         grid_rows, held_rows = hold_out_sizes(read_transcribed(options.files[0], options.library))
         return (grid_rows, held_rows, MEASURED_TRANSCRIBED,
                 {"interconnect": options.interconnect, "library": options.library})
-    from sim.imports.kernels import MEASURED, hold_out_fifths, read_kernels
+    if options.kind == "vidur-cpu-overheads":
+        from sim.imports.host import MEASURED as HOST_MEASURED, read_host
+        from sim.imports.source_table import hold_out_fifths
+
+        if len(options.files) != 1:
+            raise InputError("FILE", "vidur-cpu-overheads reads one cpu_overheads.csv")
+        grid_rows, held_rows = hold_out_fifths(read_host(options.files[0]), "batch")
+        return grid_rows, held_rows, HOST_MEASURED, {"engine": options.engine}
+    from sim.imports.kernels import MEASURED, read_kernels
+    from sim.imports.source_table import hold_out_fifths
 
     if len(options.files) != 1:
         raise InputError("FILE", "vidur-mlp reads one mlp.csv (one model on one GPU)")
@@ -101,7 +113,7 @@ def import_profile(options: ImportOptions) -> int:
         held_out[op] = summary(errors)
         for ranks in axes["ranks"]:
             mine = np.abs(errors[(held.ranks == ranks).to_numpy()])
-            lines.append(f"{op:<14} {int(ranks):>5} {len(axes[dims[1]]):>6} {len(mine):>5} {np.median(mine):>7.1%} "
+            lines.append(f"{op:<16} {int(ranks):>5} {len(axes[dims[1]]):>6} {len(mine):>5} {np.median(mine):>7.1%} "
                          f"{np.percentile(mine, 90):>7.1%} {mine.max():>7.1%}")
     frame = pd.concat([grid_rows.assign(held_out=False), held_rows.assign(held_out=True)], ignore_index=True)
     meta = {
@@ -115,7 +127,7 @@ def import_profile(options: ImportOptions) -> int:
         "git_revision": git_revision(), "versions": versions(("pandas", "pyarrow")),
     }
     write_bundle(options.out, frame[["op", *dims, "seconds", "held_out", "source_rows"]], meta)
-    print(f"{'op':<14} {'ranks':>5} {dims[1]:>6} {'held':>5} {'median':>7} {'P90':>7} {'worst':>7}   "
+    print(f"{'op':<16} {'ranks':>5} {dims[1]:>6} {'held':>5} {'median':>7} {'P90':>7} {'worst':>7}   "
           f"|table / held-out row - 1|")
     print("\n".join(lines))
     for op, h in held_out.items():

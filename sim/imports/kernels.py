@@ -50,11 +50,3 @@ def read_kernels(path: Path):
     shape = {k: (bool(v) if k == "use_gated_mlp" else int(v)) for k, v in shapes.iloc[0].items()}
     return pd.concat(rows, ignore_index=True), shape
 
-
-def hold_out_fifths(rows):
-    """Every fifth token count of each (op, ranks) held out; the rest the grid, a point per token
-    count (the median of the source's rows there)."""
-    rows = (rows.groupby(["op", "ranks", "tokens"]).seconds.agg(["median", "size"]).reset_index()
-            .rename(columns={"median": "seconds", "size": "source_rows"}))
-    held = rows.groupby(["op", "ranks"]).cumcount() % 5 == 4
-    return rows[~held], rows[held]

@@ -1,5 +1,6 @@
-"""A source's CSV read with its checks: unreadable, a column missing or a value that is not a
-positive number is one line naming the file (InputError)."""
+"""A source's CSV read with its checks (unreadable, a column missing or a value that is not a
+positive number is one line naming the file: InputError), and its rows parted into the grid and
+the rows held out to check it."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,3 +32,15 @@ def check_positive(frame, columns: list[str], path: Path) -> None:
         if bad.any():
             raise InputError(str(path), f"{name} must be a positive number in every row "
                                         f"(got {frame.loc[bad, name].iloc[0]!r})")
+
+
+def hold_out_fifths(rows, size: str = "tokens"):
+    """Every fifth `size` (token count, batch) of each (op, ranks) held out; the rest the grid, a
+    point per size (the median of the source's rows there; rows that come as medians keep their
+    source_rows)."""
+    if "source_rows" not in rows.columns:
+        rows = (rows.groupby(["op", "ranks", size]).seconds.agg(["median", "size"]).reset_index()
+                .rename(columns={"median": "seconds", "size": "source_rows"}))
+    rows = rows.sort_values(["op", "ranks", size], ignore_index=True)
+    held = rows.groupby(["op", "ranks"]).cumcount() % 5 == 4
+    return rows[~held], rows[held]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import yaml
@@ -123,9 +124,12 @@ def validate_published(catalogue: Path, out: Path | None = None, docs: Path | No
     elapsed = time.perf_counter() - started
     out = catalogue if out is None else out
     provenance = {"catalogue": repo_relative(catalogue), "cases": len(predictions), "sources": len(loaded.sources),
-                  "fit": loaded.halves.fit, "cost_model": "roofline", "git_revision": git_revision(),
+                  "fit": loaded.halves.fit,
+                  "cost_model": "roofline; layers from a published kernel table where one matches (column kernels)",
+                  "git_revision": git_revision(),
                   "versions": versions(), "seed": 0}
-    title = (f"Published GPU measurements: {len(predictions)} cases from {len(loaded.sources)} sources, roofline, "
+    title = (f"Published GPU measurements: {len(predictions)} cases from {len(loaded.sources)} sources, roofline "
+             f"and published kernels, "
              f"git {git_revision()[:12]}")
     try:
         write_atomic(out / "errors.csv", csv_text(frame, provenance))
@@ -175,6 +179,8 @@ def write_case_scenarios(folder: Path, catalogue, predictions) -> None:
     def fill(target: Path) -> None:
         for p in predictions:
             mapping = plain(case_scenario(p.entry, catalogue, p.acceptance))
+            if "calibration" in mapping:    # relative to the scenario's folder, as sim run resolves it
+                mapping["calibration"] = os.path.relpath(mapping["calibration"], folder.resolve())
             header = f"# {p.entry.case.id} ({p.entry.source.id}, {p.entry.case.where}): measured {p.measured:g}x {p.entry.case.metric}\n"
             (target / f"{p.entry.case.id}.yaml").write_text(header + yaml.safe_dump(mapping, sort_keys=False))
     try:

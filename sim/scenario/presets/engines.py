@@ -30,6 +30,9 @@ engine from public measurements of that engine, never tuned to a scenario, and a
   that prices it (sim/cost/collectives.py): nccl (torch.distributed: gpt-fast, transformers),
   vllm-custom, sglang-custom and trtllm-custom (the engines' own one- and two-shot kernels for
   small messages within a node), or custom (llama.cpp's peer copies).
+- host_profile: a published host table (calibration/published/NAME, `table: host`) that times the
+  engine's iterations by batch and tensor-parallel size; where set, it prices each step's host work
+  instead of step_overhead_s and request_overhead_s (sim/cost/host.py).
 """
 from __future__ import annotations
 
@@ -57,6 +60,7 @@ class EngineSpec:
     graph_max_tokens: int = 0
     eager_layer_overhead_s: float = 0.0
     collectives: str = "nccl"
+    host_profile: str = ""
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -64,11 +68,25 @@ class EngineSpec:
 
 
 ENGINES: dict[str, EngineSpec] = {
-    # vLLM V1 with CUDA graphs: decode kernels at about 80% of HBM bandwidth; the measurement study in
-    # BACKGROUND.md puts scheduler overhead at 3-12% of an SD step, i.e. a few hundred microseconds.
-    "vllm": EngineSpec("vllm", mem_efficiency=0.80, compute_efficiency=0.65, step_overhead_s=350e-6,
+    # vLLM V1 with CUDA graphs: decode kernels at about 80% of HBM bandwidth. Host work and drafting's
+    # floor from Liu et al.'s measurement study (arXiv 2601.11580; its simulator's constants fitted on
+    # vLLM 0.10.1, Llama-3.1-8B, one H100, batch 1-64, SpecDecode-Bench/simulator predictor.py
+    # Llama8BH100): 1.207 ms of host work a step (overhead_constant_per_step), and EAGLE-3's drafting at
+    # k = 3 2.135 ms a step whatever the batch (draft_c_fixed), of which the roofline prices 0.97 ms
+    # (three forwards of the head at batch 1): (2.135 - 0.97) / 3 = 0.39 ms a draft forward more
+    # (launches, sampling, the proposer's bookkeeping). Checked against the study's Figure 4 shares
+    # in docs/validation-published.md.
+    "vllm": EngineSpec("vllm", mem_efficiency=0.80, compute_efficiency=0.65, step_overhead_s=1.207e-3,
                        request_overhead_s=6e-6, forward_overhead_s=30e-6, layer_overhead_s=0.0,
-                       ngram_lookup_s=15e-6, collectives="vllm-custom"),
+                       ngram_lookup_s=15e-6, collectives="vllm-custom", draft_forward_overhead_s=0.39e-3),
+    # vLLM's engine before V1 (0.2-0.5: a synchronous scheduler, workers as Ray actors), whose host
+    # work per iteration Vidur timed in Sarathi-Serve, the vLLM fork it profiled with, on an A100
+    # host (calibration/published/vidur-a100-host): 1.2 ms a step at batch 8 to 6.2 ms at 128 on
+    # one GPU, and a Ray round trip of about 6 ms more on 2-4. Kernels and drafting as vLLM's.
+    "vllm-v0": EngineSpec("vllm-v0", mem_efficiency=0.80, compute_efficiency=0.65, step_overhead_s=1.207e-3,
+                          request_overhead_s=6e-6, forward_overhead_s=30e-6, layer_overhead_s=0.0,
+                          ngram_lookup_s=15e-6, collectives="vllm-custom", draft_forward_overhead_s=0.39e-3,
+                          host_profile="vidur-a100-host"),
     # SGLang with CUDA graphs and an overlapped scheduler: slightly less host time per step.
     # speculation_request_overhead_s set on the published catalogue's fit half (EAGLE-3's SGLang
     # table, batch 2-64 on an H100) by `python -m sim validate --published --fit`.
@@ -99,11 +117,11 @@ ENGINES: dict[str, EngineSpec] = {
     # costs a few hundred microseconds of launch time at small batch; generate() adds per-step work.
     # `sim validate --published --fit` searches layer_overhead_s and both efficiencies on the fit half
     # and keeps these values.
-    "hf-eager": EngineSpec("hf-eager", mem_efficiency=0.60, compute_efficiency=0.50, step_overhead_s=1.5e-3,
-                           request_overhead_s=20e-6, forward_overhead_s=300e-6, layer_overhead_s=250e-6,
+    "hf-eager": EngineSpec("hf-eager", mem_efficiency=0.60, compute_efficiency=0.65, step_overhead_s=1.5e-3,
+                           request_overhead_s=20e-6, forward_overhead_s=300e-6, layer_overhead_s=100e-6,
                            ngram_lookup_s=50e-6, link_efficiency=0.75,
                        # Set on the published catalogue's fit half (Spec-Bench at batch 1 on an A100 and an
                        # RTX 3090) by `sim validate --published --fit`: the Python tree, candidate and
                        # acceptance code of the papers' loops.
-                       speculation_step_overhead_s=0.5e-3, draft_forward_overhead_s=1e-3),
+                       speculation_step_overhead_s=1e-3, draft_forward_overhead_s=1e-3),
 }

@@ -64,8 +64,10 @@ def resolve_engine(value: str | dict) -> EngineSpec:
     if overrides.get("collectives", "nccl") not in COLLECTIVES_LIBRARIES:
         raise InputError("engine.collectives", f"must be one of {', '.join(COLLECTIVES_LIBRARIES)} "
                                                f"(got {overrides['collectives']!r})")
+    if "host_profile" in overrides:
+        check_host_profile(overrides["host_profile"])
     for key, number in overrides.items():
-        if key not in ("name", "collectives") and (not _is_finite_number(number) or number < 0):
+        if key not in ("name", "collectives", "host_profile") and (not _is_finite_number(number) or number < 0):
             raise InputError(f"engine.{key}", f"must be a non-negative number (got {number!r})")
     for key in ("mem_efficiency", "compute_efficiency", "link_efficiency"):
         if key in overrides and not 0 < overrides[key] <= 1:
@@ -73,6 +75,24 @@ def resolve_engine(value: str | dict) -> EngineSpec:
     if overrides.get("int4_mem_efficiency", 0) > 1:
         raise InputError("engine.int4_mem_efficiency", f"must be in [0, 1] (got {overrides['int4_mem_efficiency']})")
     return EngineSpec(**{**base.__dict__, **overrides, "name": value.get("name", f"{base.name}+custom")})
+
+
+def check_host_profile(name) -> None:
+    """A host_profile names a published host table under calibration/published ("" for none)."""
+    if name == "":
+        return
+    import json
+
+    from sim.formats.published import load_published
+    from sim.formats.provenance import REPO_ROOT
+
+    folder = REPO_ROOT / "calibration/published"
+    tables = sorted(p.parent.name for p in folder.glob("*/meta.json")
+                    if json.loads(p.read_text()).get("table") == "host")
+    if not isinstance(name, str) or name not in tables:
+        raise InputError("engine.host_profile", f"must name a published host table in calibration/published "
+                                                f"({', '.join(tables) or 'none there'}; got {name!r})")
+    load_published(folder / name)
 
 
 def resolve_model(value: str, field: str) -> ModelSpec:

@@ -29,6 +29,8 @@ class Prediction:
     seconds: float               # wall time of this case's simulations
     prompt_tokens: float = 0     # the prompt length simulated, its mean where lengths are drawn
     note: str = ""
+    draft_share: float = 0.0     # drafting's share of the speculative run's time (host drafting included)
+    kernels: str = ""            # the published kernel table its layers were priced by ("": the roofline)
 
     @property
     def error(self) -> float:
@@ -43,7 +45,8 @@ class Prediction:
                 "prompt_tokens": self.prompt_tokens, "measured_speedup": self.measured,
                 "predicted_speedup": self.predicted, "error": self.error if self.role == "predicted" else None,
                 "acceptance": ", ".join(f"{k} {v:.4g}" for k, v in self.acceptance.items()),
-                "tokens_per_step": self.tokens_per_step, "note": self.note}
+                "tokens_per_step": self.tokens_per_step, "draft_share": self.draft_share,
+                "kernels": self.kernels, "note": self.note}
 
 
 def speedup_of(result, case) -> float:
@@ -91,7 +94,8 @@ def solve_anchor(entry: Entry, catalogue: Catalogue, settings: Settings | None =
             gap(rate)
     result, predicted = evaluated[rate]
     return Prediction(entry, "anchor", case.speedup, predicted, {"rate": rate}, result.speculative.tokens_per_step,
-                      time.perf_counter() - started, mean_length(result.scenario.workload.prompt_tokens), note)
+                      time.perf_counter() - started, mean_length(result.scenario.workload.prompt_tokens), note,
+                      **pricing(result))
 
 
 def predict_case(entry: Entry, catalogue: Catalogue, acceptance: dict, settings: Settings | None = None) -> Prediction:
@@ -99,7 +103,15 @@ def predict_case(entry: Entry, catalogue: Catalogue, acceptance: dict, settings:
     result = simulate_case(entry, catalogue, acceptance, settings)
     return Prediction(entry, "predicted", entry.case.speedup, speedup_of(result, entry.case), acceptance,
                       result.speculative.tokens_per_step, time.perf_counter() - started,
-                      mean_length(result.scenario.workload.prompt_tokens))
+                      mean_length(result.scenario.workload.prompt_tokens), **pricing(result))
+
+
+def pricing(result) -> dict:
+    """What a prediction shows beside its speedup: drafting's share of the speculative run's time,
+    and the published kernel table that priced its layers, if one did."""
+    calibration = result.scenario.calibration
+    return {"draft_share": result.speculative.time_share["draft"],
+            "kernels": calibration.name if calibration is not None else ""}
 
 
 def acceptance_block(entry: Entry, anchors: dict[str, Prediction], by_id: dict[str, Entry]) -> dict:

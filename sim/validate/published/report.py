@@ -97,14 +97,20 @@ def markdown_tables(frame: pd.DataFrame, summary: dict, command: str) -> str:
         wrong = f"{len(s['wrong_side'])} of {s['decisive']}" + (f" ({', '.join(s['wrong_side'])})" if s["wrong_side"] else "")
         lines.append(f"| {half} | {s['cases']} ({s['sources']}) | {s['anchors']} | {pct(s['median_abs_error'])} | "
                      f"{pct(s['p90_abs_error'])} | {pct(s['worst_abs_error'])} | {wrong} |")
-    lines += ["", "Per source (scored cases): median abs error, and the signed errors' range", "",
-              "| source | half | cases | anchors | median abs error | error range | hardware | engine | method |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", "Per source (scored cases): median abs error, and the signed errors' range; drafting's share "
+              "of the speculative runs' time (range over the source's cases); the cases whose layers a published "
+              "kernel table priced", "",
+              "| source | half | cases | anchors | median abs error | error range | draft share | measured kernels "
+              "| hardware | engine | method |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for source, rows in frame.groupby("source", sort=False):
         errors = rows[rows.role == "predicted"].error
         listed = lambda values: ", ".join(sorted(set(values)))
         cells = (f"{pct(errors.abs().median())} | {errors.min():+.0%} to {errors.max():+.0%}" if len(errors) else "- | -")
+        share = f"{rows.draft_share.min():.0%}-{rows.draft_share.max():.0%}"
+        kernels = (rows.kernels.fillna("") != "").sum()
         lines.append(f"| {source} | {rows.half.iloc[0]} | {len(errors)} | {len(rows) - len(errors)} | {cells} | "
+                     f"{share} | {kernels} of {len(rows)} | "
                      f"{listed(f'{g}x {h}' for g, h in zip(rows.gpus, rows.hardware))} | {listed(rows.engine)} | "
                      f"{listed(rows.method)} |")
     return "\n".join(lines)

@@ -55,7 +55,9 @@ def case_scenario(entry: Entry, catalogue: Catalogue, acceptance: dict, settings
             hardware = (hardware if isinstance(hardware, dict) else {"preset": hardware}) | {field: value}
         elif kind == "engine" and preset == case.engine:
             engine = (engine if isinstance(engine, dict) else {"preset": engine}) | {field: value}
+    kernels = measured_kernels(case.hardware, case.model, case.dtype, tp)
     return {
+        **({"calibration": kernels} if kernels else {}),
         "hardware": hardware, "model": case.model, "dtype": case.dtype, "tensor_parallel": tp,
         "engine": engine, "workload": workload, "speculation": speculation(case, acceptance),
         "scheduler": {"batching": "static" if static else "continuous", "pad_ragged": static,
@@ -100,3 +102,26 @@ def depth(case) -> int:
     """The longest chain a step of the case can accept (a tree's depth; 3 where nothing is stated)."""
     p = case.parameters
     return (p.tree.depth if p.tree is not None else p.num_speculative_tokens) or 3
+
+
+def measured_kernels(hardware: str, model: str, dtype: str, tp: int) -> str | None:
+    """The published kernel table that times this model's layers on this hardware at this
+    tensor-parallel size, if one is committed (calibration/published), as a scenario names it."""
+    import json
+
+    from sim.formats.provenance import REPO_ROOT
+    from sim.scenario.presets import MODELS
+
+    spec = MODELS.get(model)
+    if spec is None or dtype not in ("bf16", "fp16") or spec.experts is not None or spec.latent is not None:
+        return None
+    for meta_path in sorted((REPO_ROOT / "calibration/published").glob("*/meta.json")):
+        meta = json.loads(meta_path.read_text())
+        m = meta.get("model")
+        if meta.get("table") != "kernels" or meta["hardware"] != hardware:
+            continue
+        ranks = meta["grid"]["linear.qkv"]["axes"]["ranks"]
+        if (m["hidden"], m["heads"], m["kv_heads"], m["ffn"]) == (spec.hidden, spec.heads, spec.kv_heads, spec.ffn) \
+                and tp in ranks:
+            return str(meta_path.parent)
+    return None

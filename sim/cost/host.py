@@ -1,0 +1,63 @@
+"""The engine's host work per iteration: its preset's constants, or a published host table the
+preset names (`EngineSpec.host_profile`: calibration/published/NAME, `table: host`).
+
+A host table times each part of an engine's iteration (scheduling, input preparation, sampling,
+output processing, the driver's round trip to its workers) by batch and tensor-parallel size;
+a step's host time is their sum at the step's requests (log-log between measured batches, the
+smallest batch's time below it, linear above the largest) and the scenario's tensor-parallel size
+(the largest measured one not above it, warned when not the scenario's own). Speculation's host
+work and prompt lookup stay the preset's: the table times plain decode iterations.
+"""
+from __future__ import annotations
+
+from sim.cost.batch import OVERHEAD
+from sim.cost.roofline import RooflineHost
+from sim.formats.provenance import REPO_ROOT, repo_relative
+from sim.formats.published import PublishedProfile, load_published
+from sim.scenario.schema import Scenario
+
+PUBLISHED = REPO_ROOT / "calibration/published"
+
+
+class PublishedHost:
+    """Host work of each step from a published host table; the rest from the engine preset."""
+
+    def __init__(self, profile: PublishedProfile, preset: RooflineHost, ranks: int):
+        self.preset = preset
+        self.tables = list(profile.tables.values())
+        self.ranks = ranks
+        self.origin = (f"published: {repo_relative(profile.path)}, {profile.meta['engine']} on "
+                       f"{profile.meta['hardware']}'s host at tensor_parallel {ranks}, from {profile.source}")
+        self.host_draft = preset.host_draft
+        self.speculation_overhead = preset.speculation_overhead
+        self._seconds: dict[int, float] = {}
+
+    def step_seconds(self, requests: int) -> float:
+        """Host time of one iteration over `requests` requests: the sum of the table's parts."""
+        seconds = self._seconds.get(requests)
+        if seconds is None:
+            seconds = self._seconds[requests] = sum(t(self.ranks, max(requests, 1)) for t in self.tables)
+        return seconds
+
+    def step_overhead(self, requests: int, shares: list[float], verify_tokens: int = 1) -> float:
+        """The table's host time of an iteration over `requests` requests (verify_tokens does not
+        change it: the table timed decode iterations)."""
+        seconds = self.step_seconds(requests)
+        shares[OVERHEAD] += seconds
+        return seconds
+
+
+def host_for(scenario: Scenario, folder=PUBLISHED) -> tuple[object, list[str]]:
+    """The scenario's host pricer (its engine preset's constants, or the host table the preset
+    names) and the warnings it comes with."""
+    engine = scenario.engine_spec
+    preset = RooflineHost(engine)
+    if not engine.host_profile:
+        return preset, []
+    profile = load_published(folder / engine.host_profile)
+    measured = sorted(int(r) for r in profile.tables[next(iter(profile.tables))].axes[0])
+    tp = scenario.tensor_parallel
+    ranks = max([r for r in measured if r <= tp], default=measured[0])
+    warnings = [] if ranks == tp else [f"host work of tensor_parallel {tp} priced at {ranks}, the nearest size "
+                                       f"{engine.host_profile} measured ({measured})"]
+    return PublishedHost(profile, preset, ranks), warnings

@@ -85,9 +85,9 @@ def test_an_engine_naming_a_host_table_pays_its_parts_at_the_steps_batch():
     assert step_host_s(scenario, 1) == step_host_s(scenario, 8)
     model = cost_model_for(scenario)
     assert model.origins()["host"].startswith(f"published: {HOST}, Sarathi-Serve")
-    # The preset's constants where no table is named: vLLM's 350 us + 6 us a request.
+    # The preset's constants where no table is named: vLLM's 1.207 ms + 6 us a request.
     vllm = load_scenario({"hardware": "a100-80g", "model": "llama-2-7b", "engine": "vllm"})
-    assert step_host_s(vllm, 8) == pytest.approx(350e-6 + 8 * 6e-6)
+    assert step_host_s(vllm, 8) == pytest.approx(1.207e-3 + 8 * 6e-6)
 
 
 def test_a_tensor_parallel_size_the_table_did_not_measure_takes_the_nearest_below_and_warns():

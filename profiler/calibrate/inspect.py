@@ -42,7 +42,10 @@ def inspect_published(path: Path) -> None:
         ranks, points = table.axes
         print(f"{op:<16} {f'{int(ranks[0])}-{int(ranks[-1])}':>10} {f'{points[0]:,.0f}-{points[-1]:,.0f}':>21} "
               f"{held['median_abs_error']:>16.1%} {held['p90_abs_error']:>7.1%}")
-    if profile.kind == "collectives":
+    if profile.kind == "collectives" and profile.table("dispatch") is not None:
+        print("prices: the expert-parallel all-to-all (dispatch and combine) of scenarios whose engine names it "
+              "as all_to_all (sim/cost/collectives.py)")
+    elif profile.kind == "collectives":
         print("prices: the tensor-parallel all-reduce of scenarios on a GPU of this interconnect whose engine "
               f"reduces with {meta['library']} (sim/cost/collectives.py)")
     elif profile.kind == "host":

@@ -1,6 +1,7 @@
 """What a collective between GPUs costs: a published profile's measured table where one matches the
-scenario (calibration/published/: its interconnect class and its engine's collectives library),
-else the roofline's guess, named in the result's warnings.
+scenario (calibration/published/: its interconnect class and its engine's collectives library;
+for expert parallelism's all-to-all, the table the engine names), else the roofline's guess,
+named in the result's warnings.
 
 The guess: a ring all-reduce, ALLREDUCE_LATENCY_S plus 2 (n - 1) / n of the message over the
 interconnect's datasheet rate. Measured: NCCL's kernel times on a DGX H100 and a DGX A100
@@ -31,6 +32,11 @@ class RingGuess:
     def all_reduce_s(self, message_bytes: float, ranks: int) -> float:
         return ALLREDUCE_LATENCY_S + 2 * (ranks - 1) / ranks * message_bytes / self.interconnect_bytes_s
 
+    def exchange_s(self, message_bytes: float, ranks: int) -> float:
+        """A mixture of experts' dispatch and combine, each the latency floor and the (ranks - 1) /
+        ranks of one GPU's message that leaves it, at the interconnect's datasheet rate."""
+        return 2 * (ALLREDUCE_LATENCY_S + (ranks - 1) / ranks * message_bytes / self.interconnect_bytes_s)
+
 
 class MeasuredCollectives:
     """A published profile's all-reduce table at the scenario's GPU count."""
@@ -48,6 +54,41 @@ class MeasuredCollectives:
         if s is None:
             s = self._seconds[key] = self.table(ranks, message_bytes)
         return s
+
+
+class MeasuredAllToAll:
+    """A published all-to-all table (dispatch and combine) at the scenario's expert-parallel size.
+    A message smaller than the table's takes the table's time (the low-latency kernels' time at
+    fewer tokens was not published: an upper bound), a larger one scales linearly in bytes."""
+
+    def __init__(self, profile: PublishedProfile):
+        self.dispatch, self.combine = profile.table("dispatch"), profile.table("combine")
+        m = profile.meta
+        self.origin = (f"published: {repo_relative(profile.path)}, {m['library']} over {m['interconnect']} on "
+                       f"{m['hardware']}, from {profile.source}")
+
+    def exchange_s(self, message_bytes: float, ranks: int) -> float:
+        return self.dispatch(ranks, message_bytes) + self.combine(ranks, message_bytes)
+
+
+def all_to_all_for(scenario: Scenario, folder: Path = PUBLISHED) -> tuple[object, str | None]:
+    """The expert-parallel all-to-all's pricer: the published table the engine names
+    (`engine.all_to_all`) where it measured the scenario's GPU count, else the guess; and, for an
+    expert-parallel scenario priced by the guess, the warning that says why."""
+    hw, engine, ranks = scenario.hardware_spec, scenario.engine_spec, scenario.tensor_parallel
+    guess = RingGuess(hw.interconnect_gb_s * 1e9, origin="roofline guess (8 us + the message at the "
+                                                          "interconnect's datasheet rate, each way)")
+    if not scenario.expert_parallel or ranks == 1:
+        return guess, None
+    if not engine.all_to_all:
+        return guess, (f"all-to-all priced by the roofline's guess: engine {engine.name} names no published "
+                       f"all-to-all table (engine.all_to_all)")
+    profile = load_published(folder / engine.all_to_all)
+    measured = [int(r) for r in profile.table("dispatch").axes[0]]
+    if not measured[0] <= ranks <= measured[-1]:
+        return guess, (f"all-to-all priced by the roofline's guess: {engine.all_to_all} measured {measured} GPUs, "
+                       f"the scenario runs {ranks}")
+    return MeasuredAllToAll(profile), None
 
 
 def collectives_for(scenario: Scenario, folder: Path = PUBLISHED) -> tuple[object, str | None]:

@@ -38,11 +38,12 @@ class CostModel:
     pricer_of(stack): the stack's pricer, asked once per stack, when first priced."""
 
     def __init__(self, scenario: Scenario, pricer_of: Callable[[Stack], object], host, bundle: Bundle | None = None,
-                 warnings: list[str] | None = None, collectives=None):
+                 warnings: list[str] | None = None, collectives=None, all_to_all=None):
         self.scenario = scenario
         self.bundle = bundle
         self.warnings = warnings if warnings is not None else []
         self.collectives = collectives        # the tensor-parallel all-reduce's pricer (sim/cost/collectives.py)
+        self.all_to_all = all_to_all          # expert parallelism's dispatch and combine (the same module)
         self._pricer_of = pricer_of
         self._pricers: dict[int, object] = {}
         self.host = host
@@ -63,6 +64,8 @@ class CostModel:
         origins = {**{p.stack.name: p.origin for p in self._pricers.values()}, "host": self.host.origin}
         if self.collectives is not None and self.scenario.tensor_parallel > 1:
             origins["all_reduce"] = self.collectives.origin
+        if self.all_to_all is not None and self.scenario.tensor_parallel > 1 and self.scenario.expert_parallel:
+            origins["all_to_all"] = self.all_to_all.origin
         return origins
 
     def needs_kv_tokens(self, stack: Stack, query: int) -> bool:
@@ -96,7 +99,8 @@ def cost_model_for(scenario: Scenario) -> CostModel:
         rates = RooflineRates(scenario, link_gb_s=scenario.offload.link_gb_s)
         host, host_warnings = host_for(scenario)
         return CostModel(scenario, lambda stack: RooflinePricer(stack, rates), host,
-                         warnings=list(rates.warnings) + host_warnings, collectives=rates.collectives)
+                         warnings=list(rates.warnings) + host_warnings, collectives=rates.collectives,
+                         all_to_all=rates.all_to_all)
     if is_published(scenario.calibration):
         return published_cost_model(scenario, load_published(scenario.calibration))
     return calibrated_cost_model(scenario, load_bundle(scenario.calibration))
@@ -117,7 +121,7 @@ def published_cost_model(scenario: Scenario, profile: PublishedProfile) -> CostM
 
     host, host_warnings = host_for(scenario)
     return CostModel(scenario, pricer_of, host, warnings=warnings + rates.warnings + host_warnings,
-                     collectives=rates.collectives)
+                     collectives=rates.collectives, all_to_all=rates.all_to_all)
 
 
 def calibrated_cost_model(scenario: Scenario, bundle: Bundle) -> CostModel:

@@ -16,13 +16,14 @@ the simulation (Vidur's predictor pattern).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
 from sim.cost.batch import DRAFT, OVERHEAD, PARTIAL, SELECTION, TRANSFER, Group
-from sim.cost.collectives import collectives_for
+from sim.cost.collectives import all_to_all_for, collectives_for
 from sim.cost.experts import busiest_gpu, distinct_experts
 from sim.cost.stack import Stack
 from sim.scenario.schema import Scenario
@@ -269,7 +270,9 @@ class RooflineRates:
         self.link_bytes_s = (link_gb_s or hw.host_link_gb_s * engine.link_efficiency) * 1e9
         # An all-reduce's price: a published table where one matches, else the guess (warned).
         self.collectives, collectives_warning = collectives_for(scenario)
-        self.warnings = [collectives_warning] if collectives_warning else []
+        # Expert parallelism's all-to-all: the published table the engine names, else the guess (warned).
+        self.all_to_all, all_to_all_warning = all_to_all_for(scenario)
+        self.warnings = [w for w in (collectives_warning, all_to_all_warning) if w]
         self.overlap_transfer = scenario.offload.overlap
         self._stacks: dict[int, _StackCost] = {}
         self._batch_terms: dict[tuple, tuple[float, float]] = {}
@@ -291,6 +294,18 @@ class RooflineRates:
         if self.tp == 1:
             return 0.0
         return self.collectives.all_reduce_s(message_bytes, self.tp)
+
+    def collectives_time_s(self, c: _StackCost, tokens: float) -> float:
+        """A forward's collectives over every layer: two all-reduces a layer (after attention and
+        after the MLP); under expert parallelism an MoE layer's second is the all-to-all instead,
+        the dispatch of each GPU's share of the tokens to their top-k experts and the combine back."""
+        if self.tp == 1:
+            return 0.0
+        reduce = self.allreduce_time_s(tokens * c.stack.hidden * self.act_bytes)
+        if not (self.expert_parallel and c.moe_layers):
+            return 2 * c.layers * reduce
+        message_bytes = math.ceil(tokens / self.tp) * c.stack.experts.top_k * c.stack.hidden * self.act_bytes
+        return (c.layers + c.dense_layers) * reduce + c.moe_layers * self.all_to_all.exchange_s(message_bytes, self.tp)
 
     def compose(self, groups: Sequence[Group], tokens: int, logits: int, shared: float, lm_head: float,
                 attention_of, c, shares: list[float], offloaded_layers: int, kv_offloaded: bool,
@@ -342,10 +357,8 @@ class RooflineRates:
         terms = self._batch_terms.get(key)
         if terms is None:
             layers = c.layers
-            shared = (c.layers_time_s(tokens)
-                      + layers * (c.elementwise_s(tokens)
-                                + 2 * self.allreduce_time_s(tokens * c.stack.hidden * self.act_bytes)
-                                + layer_overhead)
+            shared = (c.layers_time_s(tokens) + layers * (c.elementwise_s(tokens) + layer_overhead)
+                      + self.collectives_time_s(c, tokens)
                       + c.linear_time_s(c.extra_linears, tokens) + self.engine.forward_overhead_s)
             lm_head = c.linear_time_s([c.lm_head], logits) if c.lm_head is not None and logits else 0.0
             terms = (shared, lm_head)

@@ -16,7 +16,9 @@ import numpy as np
 from sim.errors import InputError
 from sim.imports.source_table import check_positive, read_source_csv
 
-COLLECTIVES = ("all_reduce", "all_gather", "send_recv", "reduce_scatter", "broadcast")
+# dispatch and combine: a mixture of experts' all-to-all under expert parallelism (each token's
+# hidden state sent to the GPUs of its experts, and their outputs back).
+COLLECTIVES = ("all_reduce", "all_gather", "send_recv", "reduce_scatter", "broadcast", "dispatch", "combine")
 COLUMNS = ("num_workers", "size", "collective", "devices_per_node")
 MEASURED = {
     "seconds": "the source's time_stats.<collective>.median (ms) in seconds: the median NCCL kernel time "
@@ -72,8 +74,9 @@ def bin_by_size(rows, per_octave: int = 4):
 TRANSCRIBED = ("op", "ranks", "elements", "dtype_bytes", "ms", "library")
 MEASURED_TRANSCRIBED = {
     "seconds": "the source's latency (ms) in seconds, as its table states it",
-    "bytes": "the source's elements x bytes an element: one GPU's buffer",
-    "ranks": "GPUs in the collective, all on one node",
+    "bytes": "the source's elements x bytes an element: one GPU's buffer (dispatch, combine: the tokens x top-k "
+             "hidden states one GPU sends)",
+    "ranks": "GPUs in the collective (on one node, unless the table's interconnect is a network)",
 }
 
 
@@ -97,7 +100,10 @@ def read_transcribed(path: Path, library: str):
 
 def hold_out_sizes(rows):
     """Every fifth size of each (op, ranks) held out, the rest the grid: for tables of a few sizes,
-    where binning would leave none."""
+    where binning would leave none. An op timed at one size per GPU count (DeepEP's table) holds out
+    every fifth GPU count instead."""
     rows = rows.sort_values(["op", "ranks", "bytes"]).reset_index(drop=True).assign(source_rows=1)
-    held = rows.groupby(["op", "ranks"]).cumcount() % 5 == 4
+    sizes = rows.groupby(["op", "ranks"]).bytes.transform("size")
+    one_size = sizes.groupby(rows.op).transform("max") == 1
+    held = (rows.groupby(["op", "ranks"]).cumcount() % 5 == 4).where(~one_size, rows.groupby("op").cumcount() % 5 == 4)
     return rows[~held], rows[held]

@@ -16,7 +16,8 @@ from sim.formats.provenance import git_revision, repo_relative, versions
 from sim.formats.published import HELD_OUT_TARGET, KIND, grid_table
 from sim.imports import KINDS
 from sim.scenario.presets import HARDWARE
-from sim.scenario.presets.engines import COLLECTIVES_LIBRARIES as LIBRARIES
+from sim.scenario.presets.engines import ALL_TO_ALL_LIBRARIES, COLLECTIVES_LIBRARIES as LIBRARIES
+from sim.scenario.presets.hardware import NETWORK_LINKS
 
 
 
@@ -42,12 +43,13 @@ def check_options(options: ImportOptions) -> None:
     if options.hardware not in HARDWARE:
         raise InputError("--hardware", f"unknown preset {options.hardware!r} (known: {', '.join(HARDWARE)})")
     if KINDS[options.kind][0] == "collectives":
-        links = sorted({h.interconnect for h in HARDWARE.values()})
+        links = sorted({h.interconnect for h in HARDWARE.values()}) + list(NETWORK_LINKS)
         if options.interconnect not in links:
             raise InputError("--interconnect", f"unknown interconnect {options.interconnect!r} "
                                                f"(known: {', '.join(links)})")
-        if options.library not in LIBRARIES:
-            raise InputError("--library", f"{options.library!r} is not one of {', '.join(LIBRARIES)}")
+        if options.library not in LIBRARIES + ALL_TO_ALL_LIBRARIES:
+            raise InputError("--library", f"{options.library!r} is not one of "
+                                          f"{', '.join(LIBRARIES + ALL_TO_ALL_LIBRARIES)}")
     if KINDS[options.kind][0] == "host" and not options.engine:
         raise InputError("--engine", "a host table needs the engine whose iterations it timed")
     for file in options.files:
@@ -109,9 +111,11 @@ def import_profile(options: ImportOptions) -> int:
         grid[op] = {"dims": list(dims), "axes": axes}
         table = grid_table(op, grid[op], of_op)
         held = held_rows[held_rows.op == op]
+        if held.empty:
+            raise InputError("FILE", f"{op} has too few rows to hold any out (every fifth size: five or more)")
         errors = np.array([table(*(getattr(r, d) for d in dims)) / r.seconds - 1 for r in held.itertuples()])
         held_out[op] = summary(errors)
-        for ranks in axes["ranks"]:
+        for ranks in sorted(held.ranks.unique()):
             mine = np.abs(errors[(held.ranks == ranks).to_numpy()])
             lines.append(f"{op:<16} {int(ranks):>5} {len(axes[dims[1]]):>6} {len(mine):>5} {np.median(mine):>7.1%} "
                          f"{np.percentile(mine, 90):>7.1%} {mine.max():>7.1%}")

@@ -30,6 +30,9 @@ engine from public measurements of that engine, never tuned to a scenario, and a
   that prices it (sim/cost/collectives.py): nccl (torch.distributed: gpt-fast, transformers),
   vllm-custom, sglang-custom and trtllm-custom (the engines' own one- and two-shot kernels for
   small messages within a node), or custom (llama.cpp's peer copies).
+- all_to_all: a published all-to-all table (calibration/published/NAME, ops dispatch and combine)
+  that prices a mixture of experts' token exchange under expert parallelism; "" for the
+  roofline's guess (sim/cost/collectives.py).
 - host_profile: a published host table (calibration/published/NAME, `table: host`) that times the
   engine's iterations by batch and tensor-parallel size; where set, it prices each step's host work
   instead of step_overhead_s and request_overhead_s (sim/cost/host.py).
@@ -40,6 +43,9 @@ from dataclasses import dataclass, fields
 
 # The libraries an engine's tensor-parallel all-reduce may use (EngineSpec.collectives).
 COLLECTIVES_LIBRARIES = ("nccl", "rccl", "vllm-custom", "sglang-custom", "trtllm-custom", "custom")
+# The libraries of a mixture of experts' all-to-all under expert parallelism (EngineSpec.all_to_all
+# names one of their published tables).
+ALL_TO_ALL_LIBRARIES = ("deepep",)
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,7 @@ class EngineSpec:
     graph_max_tokens: int = 0
     eager_layer_overhead_s: float = 0.0
     collectives: str = "nccl"
+    all_to_all: str = ""
     host_profile: str = ""
 
     @classmethod

@@ -13,6 +13,9 @@ from dataclasses import dataclass, replace
 
 # Theoretical per-direction bandwidth of a x16 PCIe link, GB/s (PCI-SIG; 128b/130b encoding).
 PCIE_X16_GB_S = {3: 15.75, 4: 31.5, 5: 63.0}
+# Links a published collective table may be measured over besides the presets' GPU-to-GPU ones:
+# a node's RDMA NIC (ConnectX-7 InfiniBand, 400 Gb/s), which expert-parallel all-to-all kernels use.
+NETWORK_LINKS = ("infiniband-400g",)
 
 
 @dataclass(frozen=True)

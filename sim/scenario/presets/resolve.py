@@ -65,9 +65,11 @@ def resolve_engine(value: str | dict) -> EngineSpec:
         raise InputError("engine.collectives", f"must be one of {', '.join(COLLECTIVES_LIBRARIES)} "
                                                f"(got {overrides['collectives']!r})")
     if "host_profile" in overrides:
-        check_host_profile(overrides["host_profile"])
+        check_published_name("host_profile", overrides["host_profile"], "host")
+    if "all_to_all" in overrides:
+        check_published_name("all_to_all", overrides["all_to_all"], "collectives", "dispatch")
     for key, number in overrides.items():
-        if key not in ("name", "collectives", "host_profile") and (not _is_finite_number(number) or number < 0):
+        if key not in ("name", "collectives", "host_profile", "all_to_all") and (not _is_finite_number(number) or number < 0):
             raise InputError(f"engine.{key}", f"must be a non-negative number (got {number!r})")
     for key in ("mem_efficiency", "compute_efficiency", "link_efficiency"):
         if key in overrides and not 0 < overrides[key] <= 1:
@@ -77,8 +79,9 @@ def resolve_engine(value: str | dict) -> EngineSpec:
     return EngineSpec(**{**base.__dict__, **overrides, "name": value.get("name", f"{base.name}+custom")})
 
 
-def check_host_profile(name) -> None:
-    """A host_profile names a published host table under calibration/published ("" for none)."""
+def check_published_name(field: str, name, table: str, op: str | None = None) -> None:
+    """An engine field that names a published table under calibration/published: one of `table`
+    kind (holding `op` where given), or "" for none."""
     if name == "":
         return
     import json
@@ -87,11 +90,12 @@ def check_host_profile(name) -> None:
     from sim.formats.provenance import REPO_ROOT
 
     folder = REPO_ROOT / "calibration/published"
-    tables = sorted(p.parent.name for p in folder.glob("*/meta.json")
-                    if json.loads(p.read_text()).get("table") == "host")
-    if not isinstance(name, str) or name not in tables:
-        raise InputError("engine.host_profile", f"must name a published host table in calibration/published "
-                                                f"({', '.join(tables) or 'none there'}; got {name!r})")
+    metas = {p.parent.name: json.loads(p.read_text()) for p in folder.glob("*/meta.json")}
+    names = sorted(n for n, m in metas.items() if m.get("table") == table and (op is None or op in m.get("grid", {})))
+    what = f"{table} table" + (f" with {op}" if op else "")
+    if not isinstance(name, str) or name not in names:
+        raise InputError(f"engine.{field}", f"must name a published {what} in calibration/published "
+                                            f"({', '.join(names) or 'none there'}; got {name!r})")
     load_published(folder / name)
 
 

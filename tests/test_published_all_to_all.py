@@ -31,18 +31,22 @@ def target_cost(scenario):
 def test_an_expert_parallel_moe_layer_pays_the_tables_dispatch_and_combine_instead_of_its_second_all_reduce():
     scenario = moe_scenario({"preset": "sglang", "all_to_all": DEEPEP})
     rates, c = target_cost(scenario)
-    profile = load_published(REPO / "calibration/published" / DEEPEP)
-    reduce = rates.allreduce_time_s(32 * 7168 * scenario.dtype_bytes)
-    # 32 tokens on 8 GPUs: 4 a GPU, below the 128 DeepEP timed, so its 128-token time: 77 + 114 us.
-    exchange = profile.table("dispatch")(8, 1) + profile.table("combine")(8, 1)
-    assert exchange == pytest.approx(77e-6 + 114e-6)
-    assert rates.collectives_time_s(c, 32) == pytest.approx((61 + 3) * reduce + 58 * exchange)
-    # 8,192 tokens: 1,024 a GPU, 8x DeepEP's message in bytes at fp8 activations: linear above the table.
-    big = rates.collectives_time_s(c, 8192) - (61 + 3) * rates.allreduce_time_s(8192 * 7168 * scenario.dtype_bytes)
-    assert big == pytest.approx(58 * (77e-6 * 8 * scenario.dtype_bytes + 114e-6 * 4 * scenario.dtype_bytes))
+    exchange = lambda tokens: (rates.collectives_time_s(c, tokens)
+                               - (61 + 3) * rates.allreduce_time_s(tokens * 7168 * scenario.dtype_bytes)) / 58
+    # DeepEP's own point, 128 tokens a GPU on 8 GPUs: its 77 us dispatch (FP8) and 114 us combine
+    # (BF16), whatever the scenario's activation width.
+    assert exchange(8 * 128) == pytest.approx(77e-6 + 114e-6)
+    # Fewer tokens: the 128-token time (an upper bound); 1,024 a GPU: 8x the bytes, 8x the time.
+    assert exchange(8 * 4) == pytest.approx(77e-6 + 114e-6)
+    assert exchange(8 * 1024) == pytest.approx(8 * (77e-6 + 114e-6))
     model = cost_model_for(scenario)
     assert model.origins()["all_to_all"].startswith(f"published: calibration/published/{DEEPEP}, deepep")
+    # Measured on H800s (the h100-sxm preset): an H200 scenario is told so.
+    h200 = load_scenario({"hardware": "h200", "model": "deepseek-v3", "dtype": "fp8", "tensor_parallel": 8,
+                          "expert_parallel": True, "engine": {"preset": "sglang", "all_to_all": DEEPEP}})
     assert not any("all-to-all" in w for w in model.warnings)
+    assert any(f"all-to-all priced by {DEEPEP}, measured on h100-sxm over infiniband-400g; the scenario's GPUs "
+               f"are h200" in w for w in cost_model_for(h200).warnings)
 
 
 def test_without_a_named_table_the_guess_prices_it_and_the_result_says_so():
@@ -67,9 +71,10 @@ def test_a_gpu_count_the_table_did_not_measure_takes_the_guess_with_a_warning():
                for w in cost_model_for(scenario).warnings)
 
 
-@pytest.mark.parametrize("name", ["nowhere", "vidur-a100-host", "nccl-h100-dgx"])
+@pytest.mark.parametrize("name", ["nowhere", "vidur-a100-host", "nccl-h100-dgx", 7])
 def test_an_all_to_all_that_is_not_a_published_dispatch_table_is_bad_input(name):
-    with pytest.raises(InputError, match="engine.all_to_all: must name a published collectives table with dispatch"):
+    with pytest.raises(InputError, match="engine.all_to_all: must name a published collectives table with "
+                                         "dispatch and combine"):
         moe_scenario({"preset": "sglang", "all_to_all": name})
 
 
@@ -94,6 +99,7 @@ def test_a_table_of_one_size_per_gpu_count_holds_out_every_fifth_gpu_count(tmp_p
     profile = load_published(tmp_path / "ep")
     assert [int(r) for r in profile.table("dispatch").axes[0]] == [8, 16, 32, 64, 256]
     assert profile.meta["held_out"]["dispatch"]["rows"] == 1
+    assert profile.meta["element_bytes"] == {"dispatch": 2.0, "combine": 2.0}
     proc = run_import(transcribed(tmp_path / "few.csv", (8, 16, 32)), tmp_path / "few")
     assert proc.returncode == 2 and "too few rows to hold any out" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "few").exists()

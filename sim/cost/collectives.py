@@ -4,38 +4,43 @@ for expert parallelism's all-to-all, the table the engine names), else the roofl
 named in the result's warnings.
 
 The guess: a ring all-reduce, ALLREDUCE_LATENCY_S plus 2 (n - 1) / n of the message over the
-interconnect's datasheet rate. Measured: NCCL's kernel times on a DGX H100 and a DGX A100
-(Vidur's), 2 to 8 GPUs of one node, 2 KB to 64 MB, interpolated in log-log (sim/formats/table.py;
-below 2 KB the 2 KB time, above 64 MB linear in bytes). A scenario on more GPUs than a table
-measured, or whose engine reduces with another library, keeps the guess.
+interconnect's datasheet rate; an all-to-all's dispatch and combine, each the same floor plus the
+(n - 1) / n of the message that leaves a GPU. Measured: NCCL's kernel times on a DGX H100 and a DGX
+A100 (Vidur's), 2 to 8 GPUs of one node, 2 KB to 64 MB, interpolated in log-log
+(sim/formats/table.py; below 2 KB the 2 KB time, above 64 MB linear in bytes); DeepEP's
+low-latency dispatch and combine at 8-256 GPUs. A scenario on GPU counts a table did not
+measure, or whose engine reduces with another library, keeps the guess.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.formats.provenance import REPO_ROOT, repo_relative
-from sim.formats.published import PublishedProfile, load_published
+from sim.errors import InputError
+from sim.formats.provenance import repo_relative
+from sim.formats.published import PUBLISHED, PublishedProfile, load_published, published_metas
 from sim.scenario.schema import Scenario
 
 # NCCL all-reduce latency floor for small messages over NVLink/PCIe (one hop ring), seconds.
 ALLREDUCE_LATENCY_S = 8e-6
-PUBLISHED = REPO_ROOT / "calibration/published"
+# The ops a published all-to-all table holds (engine.all_to_all names one).
+ALL_TO_ALL_OPS = ("dispatch", "combine")
 
 
 @dataclass
-class RingGuess:
-    """The roofline's all-reduce: a latency floor and a ring at the interconnect's datasheet rate."""
+class InterconnectGuess:
+    """The roofline's collectives over the interconnect's datasheet rate, each with a latency floor:
+    a ring all-reduce, and an all-to-all's dispatch and combine."""
     interconnect_bytes_s: float
     origin: str = "roofline guess (8 us + a ring at the interconnect's datasheet rate)"
 
     def all_reduce_s(self, message_bytes: float, ranks: int) -> float:
         return ALLREDUCE_LATENCY_S + 2 * (ranks - 1) / ranks * message_bytes / self.interconnect_bytes_s
 
-    def exchange_s(self, message_bytes: float, ranks: int) -> float:
-        """A mixture of experts' dispatch and combine, each the latency floor and the (ranks - 1) /
-        ranks of one GPU's message that leaves it, at the interconnect's datasheet rate."""
-        return 2 * (ALLREDUCE_LATENCY_S + (ranks - 1) / ranks * message_bytes / self.interconnect_bytes_s)
+    def exchange_s(self, elements: float, ranks: int, element_bytes: float) -> float:
+        """Dispatch and combine of `elements` values a GPU sends (tokens x top-k x hidden), each the
+        latency floor and the (ranks - 1) / ranks of the message that leaves the GPU."""
+        return 2 * (ALLREDUCE_LATENCY_S + (ranks - 1) / ranks * elements * element_bytes / self.interconnect_bytes_s)
 
 
 class MeasuredCollectives:
@@ -57,50 +62,61 @@ class MeasuredCollectives:
 
 
 class MeasuredAllToAll:
-    """A published all-to-all table (dispatch and combine) at the scenario's expert-parallel size.
-    A message smaller than the table's takes the table's time (the low-latency kernels' time at
-    fewer tokens was not published: an upper bound), a larger one scales linearly in bytes."""
+    """A published all-to-all table (dispatch and combine) at the scenario's expert-parallel size,
+    each op at the element width its source measured (DeepEP: FP8 dispatch, BF16 combine), as the
+    engine that uses those kernels sends them. A message smaller than the table's takes the table's
+    time (the low-latency kernels' time at fewer tokens was not published: an upper bound), a
+    larger one scales linearly in bytes."""
 
     def __init__(self, profile: PublishedProfile):
-        self.dispatch, self.combine = profile.table("dispatch"), profile.table("combine")
+        self.tables = [(profile.table(op), float(profile.meta["element_bytes"][op])) for op in ALL_TO_ALL_OPS]
         m = profile.meta
         self.origin = (f"published: {repo_relative(profile.path)}, {m['library']} over {m['interconnect']} on "
                        f"{m['hardware']}, from {profile.source}")
 
-    def exchange_s(self, message_bytes: float, ranks: int) -> float:
-        return self.dispatch(ranks, message_bytes) + self.combine(ranks, message_bytes)
+    def exchange_s(self, elements: float, ranks: int, element_bytes: float) -> float:
+        """Dispatch and combine of `elements` values a GPU sends (the scenario's element width is
+        the guess's; the table prices each op at its own)."""
+        return sum(table(ranks, elements * width) for table, width in self.tables)
 
 
 def all_to_all_for(scenario: Scenario, folder: Path = PUBLISHED) -> tuple[object, str | None]:
     """The expert-parallel all-to-all's pricer: the published table the engine names
     (`engine.all_to_all`) where it measured the scenario's GPU count, else the guess; and, for an
-    expert-parallel scenario priced by the guess, the warning that says why."""
+    expert-parallel scenario, the warning that says what it is priced by when that is not its own
+    hardware's measurement."""
     hw, engine, ranks = scenario.hardware_spec, scenario.engine_spec, scenario.tensor_parallel
-    guess = RingGuess(hw.interconnect_gb_s * 1e9, origin="roofline guess (8 us + the message at the "
-                                                          "interconnect's datasheet rate, each way)")
+    guess = InterconnectGuess(hw.interconnect_gb_s * 1e9, origin="roofline guess (8 us + the message at the "
+                                                                  "interconnect's datasheet rate, each way)")
     if not scenario.expert_parallel or ranks == 1:
         return guess, None
     if not engine.all_to_all:
         return guess, (f"all-to-all priced by the roofline's guess: engine {engine.name} names no published "
                        f"all-to-all table (engine.all_to_all)")
     profile = load_published(folder / engine.all_to_all)
+    missing = [op for op in ALL_TO_ALL_OPS if op not in profile.meta.get("element_bytes", {})]
+    if missing:
+        raise InputError("engine.all_to_all", f"{engine.all_to_all} states no single element width for "
+                                              f"{' and '.join(missing)} (its source's dtype_bytes)")
     measured = [int(r) for r in profile.table("dispatch").axes[0]]
     if not measured[0] <= ranks <= measured[-1]:
         return guess, (f"all-to-all priced by the roofline's guess: {engine.all_to_all} measured {measured} GPUs, "
                        f"the scenario runs {ranks}")
-    return MeasuredAllToAll(profile), None
+    m = profile.meta
+    other = (f"all-to-all priced by {engine.all_to_all}, measured on {m['hardware']} over {m['interconnect']}; "
+             f"the scenario's GPUs are {hw.name}") if m["hardware"] != hw.name else None
+    return MeasuredAllToAll(profile), other
 
 
 def collectives_for(scenario: Scenario, folder: Path = PUBLISHED) -> tuple[object, str | None]:
     """The scenario's all-reduce pricer and, where it is the guess though the scenario runs tensor
     parallel, the warning that says why."""
     hw, engine, ranks = scenario.hardware_spec, scenario.engine_spec, scenario.tensor_parallel
-    guess = RingGuess(hw.interconnect_gb_s * 1e9)
+    guess = InterconnectGuess(hw.interconnect_gb_s * 1e9)
     if ranks == 1:
         return guess, None
-    profiles = [load_published(meta.parent) for meta in sorted(folder.glob("*/meta.json"))] if folder.is_dir() else []
-    matching = [p for p in profiles if p.table("all_reduce") is not None
-                and p.meta["interconnect"] == hw.interconnect and p.meta["library"] == engine.collectives]
+    matching = [load_published(folder / name) for name, m in published_metas(folder, "collectives", ("all_reduce",)).items()
+                if m.get("interconnect") == hw.interconnect and m.get("library") == engine.collectives]
     if not matching:
         return guess, (f"all-reduce priced by the roofline's guess: no published {engine.collectives} table of "
                        f"{hw.interconnect} (engine {engine.name}) in calibration/published")

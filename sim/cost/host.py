@@ -10,13 +10,14 @@ work and prompt lookup stay the preset's: the table times plain decode iteration
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from sim.cost.batch import OVERHEAD
 from sim.cost.roofline import RooflineHost
-from sim.formats.provenance import REPO_ROOT, repo_relative
-from sim.formats.published import PublishedProfile, load_published
+from sim.errors import InputError
+from sim.formats.provenance import repo_relative
+from sim.formats.published import PUBLISHED, PublishedProfile, load_published
 from sim.scenario.schema import Scenario
-
-PUBLISHED = REPO_ROOT / "calibration/published"
 
 
 class PublishedHost:
@@ -47,7 +48,7 @@ class PublishedHost:
         return seconds
 
 
-def host_for(scenario: Scenario, folder=PUBLISHED) -> tuple[object, list[str]]:
+def host_for(scenario: Scenario, folder: Path = PUBLISHED) -> tuple[object, list[str]]:
     """The scenario's host pricer (its engine preset's constants, or the host table the preset
     names) and the warnings it comes with."""
     engine = scenario.engine_spec
@@ -55,7 +56,10 @@ def host_for(scenario: Scenario, folder=PUBLISHED) -> tuple[object, list[str]]:
     if not engine.host_profile:
         return preset, []
     profile = load_published(folder / engine.host_profile)
-    measured = sorted(int(r) for r in profile.tables[next(iter(profile.tables))].axes[0])
+    # The tensor-parallel sizes every part was measured at.
+    measured = sorted(set.intersection(*({int(r) for r in t.axes[0]} for t in profile.tables.values())))
+    if not measured:
+        raise InputError("engine.host_profile", f"{engine.host_profile}'s parts share no tensor-parallel size")
     tp = scenario.tensor_parallel
     ranks = max([r for r in measured if r <= tp], default=measured[0])
     warnings = [] if ranks == tp else [f"host work of tensor_parallel {tp} priced at {ranks}, the nearest size "

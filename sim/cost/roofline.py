@@ -304,8 +304,9 @@ class RooflineRates:
         reduce = self.allreduce_time_s(tokens * c.stack.hidden * self.act_bytes)
         if not (self.expert_parallel and c.moe_layers):
             return 2 * c.layers * reduce
-        message_bytes = math.ceil(tokens / self.tp) * c.stack.experts.top_k * c.stack.hidden * self.act_bytes
-        return (c.layers + c.dense_layers) * reduce + c.moe_layers * self.all_to_all.exchange_s(message_bytes, self.tp)
+        elements = math.ceil(tokens / self.tp) * c.stack.experts.top_k * c.stack.hidden
+        return ((c.layers + c.dense_layers) * reduce
+                + c.moe_layers * self.all_to_all.exchange_s(elements, self.tp, self.act_bytes))
 
     def compose(self, groups: Sequence[Group], tokens: int, logits: int, shared: float, lm_head: float,
                 attention_of, c, shares: list[float], offloaded_layers: int, kv_offloaded: bool,
@@ -349,9 +350,8 @@ class RooflineRates:
         if c.closed_form and tokens <= layer_ridge and tokens <= extra_ridge and logits <= lm_ridge:
             # Every linear memory-bound: the closed form, no loop, no memo.
             shared = (c.layers * (layer_w + tokens * (layer_a + c.elementwise_bytes_per_token / c.bytes_s)
-                                  + 2 * self.allreduce_time_s(tokens * c.stack.hidden * self.act_bytes)
                                   + layer_overhead)
-                      + extra_w + tokens * extra_a + self.engine.forward_overhead_s)
+                      + self.collectives_time_s(c, tokens) + extra_w + tokens * extra_a + self.engine.forward_overhead_s)
             return shared, (lm_w + logits * lm_a if logits else 0.0)
         key = (id(c), tokens, logits)
         terms = self._batch_terms.get(key)

@@ -29,10 +29,12 @@ from pathlib import Path
 
 from sim.errors import InputError
 from sim.formats.bundle import META, PROFILE, SCHEMA_VERSION, table_from_rows
-from sim.formats.provenance import repo_relative
+from sim.formats.provenance import REPO_ROOT, repo_relative
 from sim.formats.table import OperatorTable
 
 KIND = "published"
+# Where the committed published profiles live (calibration/README.md lists them).
+PUBLISHED = REPO_ROOT / "calibration/published"
 COLUMNS = ("op", "seconds", "held_out", "source_rows")
 # What meta.json holds besides the source, by the kind of table.
 TABLE_KEYS = {"collectives": ("interconnect", "library"), "kernels": ("model", "dtype"), "host": ("engine",)}
@@ -78,6 +80,23 @@ def _kind(meta: Path, stamp: int) -> str | None:
         return json.loads(meta.read_text()).get("kind")
     except (OSError, ValueError, AttributeError):
         return None
+
+
+def published_metas(folder: Path = PUBLISHED, table: str | None = None, ops: tuple[str, ...] = ()) -> dict[str, dict]:
+    """Each published profile's meta.json under `folder`, by folder name: those of `table` kind
+    holding every op of `ops` where given. An unreadable meta.json is left out of the search
+    (naming that folder loads it, and its error says what is wrong)."""
+    metas = {}
+    for path in sorted(Path(folder).glob("*/meta.json")):
+        try:
+            meta = json.loads(path.read_text())
+            grid = meta.get("grid", {})
+            kind = meta.get("table")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if meta.get("kind") == KIND and (table is None or kind == table) and all(op in grid for op in ops):
+            metas[path.parent.name] = meta
+    return metas
 
 
 def load_published(path: str | Path) -> PublishedProfile:

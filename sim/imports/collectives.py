@@ -82,7 +82,8 @@ MEASURED_TRANSCRIBED = {
 
 def read_transcribed(path: Path, library: str):
     """A collective table transcribed from a page (a pull request's or a blog's), the rows of one
-    library: columns op, ranks, elements, dtype_bytes, ms, library."""
+    library: columns op, ranks, elements, dtype_bytes, ms, library. Returns (rows of op, ranks,
+    bytes, seconds; each op's bytes an element where the table has one)."""
     import pandas as pd
 
     frame = read_source_csv(path, list(TRANSCRIBED), "a transcribed collective table")
@@ -93,9 +94,12 @@ def read_transcribed(path: Path, library: str):
     unknown = sorted(set(frame.op) - set(COLLECTIVES))
     if unknown:
         raise InputError(str(path), f"op {unknown[0]!r} is not one of {', '.join(COLLECTIVES)}")
-    return pd.DataFrame({"op": frame.op, "ranks": frame.ranks.astype(float),
+    rows = pd.DataFrame({"op": frame.op, "ranks": frame.ranks.astype(float),
                          "bytes": (frame.elements * frame.dtype_bytes).astype(float),
                          "seconds": frame.ms.astype(float) * 1e-3})
+    # Each op's element width where it has one (an all-to-all's pricer sends each op at its own).
+    widths = frame.groupby("op").dtype_bytes.unique()
+    return rows, {str(op): float(w[0]) for op, w in widths.items() if len(w) == 1}
 
 
 def hold_out_sizes(rows):

@@ -52,6 +52,9 @@ def check_options(options: ImportOptions) -> None:
                                           f"{', '.join(LIBRARIES + ALL_TO_ALL_LIBRARIES)}")
     if KINDS[options.kind][0] == "host" and not options.engine:
         raise InputError("--engine", "a host table needs the engine whose iterations it timed")
+    if KINDS[options.kind][0] != "host" and options.engine:
+        raise InputError("--engine", f"only host tables name an engine ({options.kind} makes a "
+                                     f"{KINDS[options.kind][0]} table)")
     for file in options.files:
         if not file.is_file():
             raise InputError(str(file), "no such file")
@@ -75,9 +78,10 @@ def read_source(options: ImportOptions):
 
         if len(options.files) != 1:
             raise InputError("FILE", "collectives-csv reads one transcribed table")
-        grid_rows, held_rows = hold_out_sizes(read_transcribed(options.files[0], options.library))
+        rows, widths = read_transcribed(options.files[0], options.library)
+        grid_rows, held_rows = hold_out_sizes(rows)
         return (grid_rows, held_rows, MEASURED_TRANSCRIBED,
-                {"interconnect": options.interconnect, "library": options.library})
+                {"interconnect": options.interconnect, "library": options.library, "element_bytes": widths})
     if options.kind == "vidur-cpu-overheads":
         from sim.imports.host import MEASURED as HOST_MEASURED, read_host
         from sim.imports.source_table import hold_out_fifths

@@ -88,8 +88,9 @@ ENGINES: dict[str, EngineSpec] = {
                        ngram_lookup_s=15e-6, collectives="vllm-custom", draft_forward_overhead_s=0.39e-3),
     # vLLM's engine before V1 (0.2-0.5: a synchronous scheduler, workers as Ray actors), whose host
     # work per iteration Vidur timed in Sarathi-Serve, the vLLM fork it profiled with, on an A100
-    # host (calibration/published/vidur-a100-host): 1.2 ms a step at batch 8 to 6.2 ms at 128 on
-    # one GPU, and a Ray round trip of about 6 ms more on 2-4. Kernels and drafting as vLLM's.
+    # host (calibration/published/vidur-a100-host): 1.4 ms a step at batch 8 to 7.2 ms at 128 on
+    # one GPU (its Ray round trip 0.2-1 ms of that), 8.1-13.4 ms on 2-4 (the round trip about 6 ms).
+    # Kernels and drafting as vLLM's.
     "vllm-v0": EngineSpec("vllm-v0", mem_efficiency=0.80, compute_efficiency=0.65, step_overhead_s=1.207e-3,
                           request_overhead_s=6e-6, forward_overhead_s=30e-6, layer_overhead_s=0.0,
                           ngram_lookup_s=15e-6, collectives="vllm-custom", draft_forward_overhead_s=0.39e-3,

@@ -67,7 +67,14 @@ def resolve_engine(value: str | dict) -> EngineSpec:
     if "host_profile" in overrides:
         check_published_name("host_profile", overrides["host_profile"], "host")
     if "all_to_all" in overrides:
-        check_published_name("all_to_all", overrides["all_to_all"], "collectives", "dispatch")
+        check_published_name("all_to_all", overrides["all_to_all"], "collectives", ("dispatch", "combine"))
+    if overrides.get("host_profile", base.host_profile):
+        # A host table prices each step's host work: the preset's constants for it would be ignored.
+        for key in ("step_overhead_s", "request_overhead_s"):
+            if key in overrides:
+                raise InputError(f"engine.{key}", f"has no effect beside host_profile "
+                                                  f"{overrides.get('host_profile', base.host_profile)!r}, which "
+                                                  f"prices each step's host work (set host_profile: '' to use it)")
     for key, number in overrides.items():
         if key not in ("name", "collectives", "host_profile", "all_to_all") and (not _is_finite_number(number) or number < 0):
             raise InputError(f"engine.{key}", f"must be a non-negative number (got {number!r})")
@@ -79,24 +86,19 @@ def resolve_engine(value: str | dict) -> EngineSpec:
     return EngineSpec(**{**base.__dict__, **overrides, "name": value.get("name", f"{base.name}+custom")})
 
 
-def check_published_name(field: str, name, table: str, op: str | None = None) -> None:
+def check_published_name(field: str, name, table: str, ops: tuple[str, ...] = ()) -> None:
     """An engine field that names a published table under calibration/published: one of `table`
-    kind (holding `op` where given), or "" for none."""
+    kind holding every op of `ops`, or "" for none."""
     if name == "":
         return
-    import json
+    from sim.formats.published import PUBLISHED, load_published, published_metas
 
-    from sim.formats.published import load_published
-    from sim.formats.provenance import REPO_ROOT
-
-    folder = REPO_ROOT / "calibration/published"
-    metas = {p.parent.name: json.loads(p.read_text()) for p in folder.glob("*/meta.json")}
-    names = sorted(n for n, m in metas.items() if m.get("table") == table and (op is None or op in m.get("grid", {})))
-    what = f"{table} table" + (f" with {op}" if op else "")
+    names = sorted(published_metas(PUBLISHED, table, ops))
+    what = f"{table} table" + (f" with {' and '.join(ops)}" if ops else "")
     if not isinstance(name, str) or name not in names:
         raise InputError(f"engine.{field}", f"must name a published {what} in calibration/published "
                                             f"({', '.join(names) or 'none there'}; got {name!r})")
-    load_published(folder / name)
+    load_published(PUBLISHED / name)
 
 
 def resolve_model(value: str, field: str) -> ModelSpec:

@@ -95,7 +95,7 @@ def solve_anchor(entry: Entry, catalogue: Catalogue, settings: Settings | None =
     result, predicted = evaluated[rate]
     return Prediction(entry, "anchor", case.speedup, predicted, {"rate": rate}, result.speculative.tokens_per_step,
                       time.perf_counter() - started, mean_length(result.scenario.workload.prompt_tokens), note,
-                      **pricing(result))
+                      **pricing_columns(result))
 
 
 def predict_case(entry: Entry, catalogue: Catalogue, acceptance: dict, settings: Settings | None = None) -> Prediction:
@@ -103,10 +103,10 @@ def predict_case(entry: Entry, catalogue: Catalogue, acceptance: dict, settings:
     result = simulate_case(entry, catalogue, acceptance, settings)
     return Prediction(entry, "predicted", entry.case.speedup, speedup_of(result, entry.case), acceptance,
                       result.speculative.tokens_per_step, time.perf_counter() - started,
-                      mean_length(result.scenario.workload.prompt_tokens), **pricing(result))
+                      mean_length(result.scenario.workload.prompt_tokens), **pricing_columns(result))
 
 
-def pricing(result) -> dict:
+def pricing_columns(result) -> dict:
     """What a prediction shows beside its speedup: drafting's share of the speculative run's time,
     and the published kernel table that priced its layers, if one did."""
     calibration = result.scenario.calibration

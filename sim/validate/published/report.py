@@ -97,9 +97,9 @@ def markdown_tables(frame: pd.DataFrame, summary: dict, command: str) -> str:
         wrong = f"{len(s['wrong_side'])} of {s['decisive']}" + (f" ({', '.join(s['wrong_side'])})" if s["wrong_side"] else "")
         lines.append(f"| {half} | {s['cases']} ({s['sources']}) | {s['anchors']} | {pct(s['median_abs_error'])} | "
                      f"{pct(s['p90_abs_error'])} | {pct(s['worst_abs_error'])} | {wrong} |")
-    lines += ["", "Per source (scored cases): median abs error, and the signed errors' range; drafting's share "
-              "of the speculative runs' time (range over the source's cases); the cases whose layers a published "
-              "kernel table priced", "",
+    lines += ["", "Per source: over its scored cases, the median abs error and the signed errors' range; over "
+              "all its cases, anchors included, drafting's share of the speculative runs' time (its range) and "
+              "the cases whose layers a published kernel table priced", "",
               "| source | half | cases | anchors | median abs error | error range | draft share | measured kernels "
               "| hardware | engine | method |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -40,7 +40,8 @@ def magicdec_speedup(tokens_per_step: float, k: int, draft_to_target: float, ver
 @dataclass(frozen=True)
 class SteadyState:
     target_step_s: float       # one autoregressive step: target forward of one token + host overhead
-    draft_step_s: float        # all draft work of one speculative step (k forwards, or host lookup)
+    draft_step_s: float        # all draft work of one speculative step (k forwards, or host lookup, and
+                               # the engine's speculative host work)
     verify_step_s: float       # the target forward verifying k+1 tokens + host overhead
     tokens_per_step: float
     k: int
@@ -92,4 +93,7 @@ def steady_state(scenario: Scenario | dict | str, context_tokens: int, tokens_pe
             # Draft forward j reads j drafted tokens besides the context; j = 1 .. k-1 averages k/2.
             draft += cost.forward(stacks.draft, [uniform_group(DRAFT, 1, 1, context_tokens + k / 2)],
                                   shares, offloaded_layers=streamed, repeat=k - 1)
+    # The engine's host work of a speculative step: its own and each draft forward's floor.
+    forwards = 0 if stacks.draft is None else 1 if spec.method == "medusa" else k
+    draft += cost.speculation_overhead(1, forwards, shares)
     return SteadyState(target, draft, verify, tokens_per_step, k)

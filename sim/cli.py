@@ -10,7 +10,7 @@ python -m sim fit-acceptance RUN_DIR|CAMPAIGN_DIR... [--vllm FILE ...] -o accept
 python -m sim oracle POSITIONS RUN_DIR|CAMPAIGN_DIR... [--calibration DIR] [--pair A,B ...] [--docs FILE]
 python -m sim import-profile vidur-collectives|collectives-csv|vidur-mlp|vidur-cpu-overheads FILE... --out DIR
     --repository URL --path PATH --commit SHA --licence L --hardware PRESET [--interconnect LINK]
-    [--library nccl|rccl|custom] [--engine NAME] [--source NAME]
+    [--library nccl|rccl|...|deepep] [--engine NAME] [--source NAME]
 
 run: simulates a scenario with its speculation and without (the baseline), on the same requests and
 seed. --set overrides one field (dotted path, YAML value); --vary runs the scenario once per value
@@ -30,10 +30,10 @@ counters), and SpecPV's disagreement with full verification.
 oracle: from live runs and their drafters' acceptance at every position (profiler positions), the
 predicted speedup of the run's static k, goodput k, Oracle Proposal and Oracle Combine with a second
 drafter on the same prompts.
-import-profile: a table others measured on GPUs (Vidur's NCCL collectives, a model's layer kernels, or an
-engine's host work per iteration) as
-a published profile under calibration/published/, its source recorded and its held-out rows checked
-(calibration/README.md).
+import-profile: a table others measured on GPUs (Vidur's NCCL collectives, an engine's own all-reduce or
+DeepEP's all-to-all transcribed from a page, a model's layer kernels, or an engine's host work per
+iteration) as a published profile under calibration/published/, its source recorded and its held-out
+rows checked (calibration/README.md).
 
 Every parser of the simulator is here, in the form both command lines share (sim/command_line.py);
 below this module, functions take typed arguments.
@@ -168,7 +168,8 @@ def add_import_profile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interconnect",
                         help="collectives: the GPU-to-GPU link class, as hardware presets name it (nvlink4, nvlink3, ...)")
     parser.add_argument("--library", default="nccl",
-                        help="the collectives' library: nccl, rccl, vllm-custom, sglang-custom, trtllm-custom or custom")
+                        help="the collectives' library: nccl, rccl, vllm-custom, sglang-custom, trtllm-custom, custom "
+                             "or deepep (an all-to-all)")
     parser.add_argument("--engine", help="host tables: the engine whose iterations were timed")
 
 
@@ -283,8 +284,8 @@ def validate_command(args: argparse.Namespace) -> int:
 
 @CLI.command("import-profile", add_import_profile_arguments)
 def import_profile_command(args: argparse.Namespace) -> int:
-    """a table others measured on GPUs (Vidur's collectives or layer kernels) as a published profile,
-    with its source and its held-out check"""
+    """a table others measured on GPUs (collectives, layer kernels or an engine's host work) as a
+    published profile, with its source and its held-out check"""
     from sim.imports.command import ImportOptions, import_profile
 
     return import_profile(ImportOptions(kind=args.kind, files=tuple(args.files), out=args.out, source=args.source,

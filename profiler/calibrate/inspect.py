@@ -65,9 +65,8 @@ def inspect_bundle(path: Path) -> None:
     from sim.formats.bundle import load_bundle
     from sim.formats.bundle import PROFILE, timing_noise_line
     from sim.formats.provenance import repo_relative
-    from sim.scenario.presets.hardware import HARDWARE
-
     from sim.formats.published import is_published
+    from sim.scenario.presets.hardware import HARDWARE
 
     if is_published(path):
         inspect_published(path)

@@ -115,7 +115,8 @@ def collectives_for(scenario: Scenario, folder: Path = PUBLISHED) -> tuple[objec
     guess = InterconnectGuess(hw.interconnect_gb_s * 1e9)
     if ranks == 1:
         return guess, None
-    matching = [load_published(folder / name) for name, m in published_metas(folder, "collectives", ("all_reduce",)).items()
+    tables = published_metas(folder, "collectives", ("all_reduce",))
+    matching = [load_published(folder / name) for name, m in tables.items()
                 if m.get("interconnect") == hw.interconnect and m.get("library") == engine.collectives]
     if not matching:
         return guess, (f"all-reduce priced by the roofline's guess: no published {engine.collectives} table of "

@@ -6,7 +6,7 @@ every stack of another shape (a draft model, a quantized shadow, a head's fusion
 from __future__ import annotations
 
 from sim.formats.provenance import repo_relative
-from sim.formats.published import PublishedProfile
+from sim.formats.published import PublishedProfile, layer_shape, timed_layer_shape
 
 LINEARS = ("linear.qkv", "linear.o", "linear.gate_up", "linear.down")
 
@@ -27,11 +27,9 @@ class LayerKernels:
 
     def fits(self, stack) -> bool:
         """Did the profile time this stack's layers: the model's shape, dense, 16-bit weights?"""
-        m = self.profile.meta["model"]
         return (stack.layers > 0 and stack.attention and stack.experts is None and stack.latent is None
                 and stack.weight_bytes == self.act_bytes
-                and (stack.hidden, stack.heads, stack.kv_heads, stack.ffn) == (m["hidden"], m["heads"], m["kv_heads"],
-                                                                               m["ffn"]))
+                and layer_shape(stack) == timed_layer_shape(self.profile.meta))
 
     def linears_s(self, tokens: float) -> float:
         s = self._linears_s.get(tokens)

@@ -351,7 +351,8 @@ class RooflineRates:
             # Every linear memory-bound: the closed form, no loop, no memo.
             shared = (c.layers * (layer_w + tokens * (layer_a + c.elementwise_bytes_per_token / c.bytes_s)
                                   + layer_overhead)
-                      + self.collectives_time_s(c, tokens) + extra_w + tokens * extra_a + self.engine.forward_overhead_s)
+                      + self.collectives_time_s(c, tokens) + extra_w + tokens * extra_a
+                      + self.engine.forward_overhead_s)
             return shared, (lm_w + logits * lm_a if logits else 0.0)
         key = (id(c), tokens, logits)
         terms = self._batch_terms.get(key)

@@ -15,10 +15,10 @@ DIR/profile.parquet, one row per point:
 
 DIR/meta.json: `kind: published`, `table: collectives | kernels | host`, the source (name,
 repository or URL, path, commit, licence), the hardware it was measured on, for collectives the
-interconnect and library, for kernels the model's shape and dtype, for host the engine, what each column measured, the grid of every op
-and its held-out error. `python -m sim import-profile`
-writes one (sim/imports/); `load_published` reads one, every way it can be unusable an
-InputError naming the folder.
+interconnect and library (and each all-to-all op's element width), for kernels the model's shape
+and dtype, for host the engine, what each column measured, the grid of every op and its held-out
+error. `python -m sim import-profile` writes one (sim/imports/); `load_published` reads one, every
+way it can be unusable an InputError naming the folder.
 """
 from __future__ import annotations
 
@@ -65,21 +65,28 @@ class PublishedProfile:
 
 def is_published(path: str | Path) -> bool:
     """Is the folder a published profile rather than a calibration bundle? (Asked by the scenario's
-    checks, the cost model and the provenance of every run: meta.json is read once per version.)"""
-    meta = Path(path) / META
+    checks, the cost model and the provenance of every run.)"""
+    meta = read_meta(Path(path) / META)
+    return meta is not None and meta.get("kind") == KIND
+
+
+def read_meta(path: Path) -> dict | None:
+    """A meta.json's mapping, None where it cannot be read: parsed once per file version, since
+    every scenario's cost model searches the published folder."""
     try:
-        stamp = meta.stat().st_mtime_ns
+        stamp = path.stat().st_mtime_ns
     except OSError:
-        return False
-    return _kind(meta.resolve(), stamp) == KIND
+        return None
+    return _parse_meta(path.resolve(), stamp)
 
 
 @lru_cache(maxsize=64)
-def _kind(meta: Path, stamp: int) -> str | None:
+def _parse_meta(path: Path, stamp: int) -> dict | None:
     try:
-        return json.loads(meta.read_text()).get("kind")
-    except (OSError, ValueError, AttributeError):
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError):
         return None
+    return meta if isinstance(meta, dict) else None
 
 
 def published_metas(folder: Path = PUBLISHED, table: str | None = None, ops: tuple[str, ...] = ()) -> dict[str, dict]:
@@ -88,13 +95,11 @@ def published_metas(folder: Path = PUBLISHED, table: str | None = None, ops: tup
     (naming that folder loads it, and its error says what is wrong)."""
     metas = {}
     for path in sorted(Path(folder).glob("*/meta.json")):
-        try:
-            meta = json.loads(path.read_text())
-            grid = meta.get("grid", {})
-            kind = meta.get("table")
-        except (OSError, ValueError, AttributeError):
+        meta = read_meta(path)
+        if meta is None or meta.get("kind") != KIND or (table is not None and meta.get("table") != table):
             continue
-        if meta.get("kind") == KIND and (table is None or kind == table) and all(op in grid for op in ops):
+        grid = meta.get("grid")
+        if all(isinstance(grid, dict) and op in grid for op in ops):
             metas[path.parent.name] = meta
     return metas
 
@@ -142,6 +147,17 @@ def grid_table(op: str, spec: dict, rows) -> OperatorTable:
     return table_from_rows(op, spec, rows, monotone=False)
 
 
+def layer_shape(spec) -> tuple[int, int, int, int]:
+    """(hidden, heads, KV heads, FFN) of a model's or a stack's decoder layers."""
+    return spec.hidden, spec.heads, spec.kv_heads, spec.ffn
+
+
+def timed_layer_shape(meta: dict) -> tuple[int, int, int, int]:
+    """(hidden, heads, KV heads, FFN) of the layers a kernel profile timed."""
+    m = meta["model"]
+    return m["hidden"], m["heads"], m["kv_heads"], m["ffn"]
+
+
 def check_kernels(profile: PublishedProfile, scenario) -> list[str]:
     """Errors (InputError on `calibration`) for a kernel profile that cannot price the scenario's
     target: a collectives table, another model shape, weights other than 16-bit, a tensor-parallel
@@ -153,8 +169,7 @@ def check_kernels(profile: PublishedProfile, scenario) -> list[str]:
         raise InputError("calibration", f"{where} is a published {profile.kind} table, priced {priced_by}, "
                                         f"not a scenario's calibration")
     model, m = scenario.model_spec, profile.meta["model"]
-    if (model.hidden, model.heads, model.kv_heads, model.ffn) != (m["hidden"], m["heads"], m["kv_heads"], m["ffn"]) \
-            or model.experts is not None or model.latent is not None:
+    if layer_shape(model) != timed_layer_shape(profile.meta) or model.experts is not None or model.latent is not None:
         raise InputError("calibration", f"{where} timed layers of hidden {m['hidden']}, {m['heads']}/{m['kv_heads']} "
                                         f"heads, FFN {m['ffn']}; {model.name} is another shape")
     if scenario.dtype not in ("bf16", "fp16"):

@@ -2,8 +2,8 @@
 data/profiling/<gpu>/cpu_overheads.csv, in the repository's history: 6d98aa8, 2024-05): a row per
 (model, batch size, tensor-parallel GPUs) with the mean and median milliseconds of each part of a
 decode iteration of Sarathi-Serve's engine, which Vidur profiled with vLLM's scheduler (a fork of
-vLLM's 2023 engine: synchronous, its workers Ray actors, fp16): `schedule`, `prepare_inputs_e2e` (the batch's input tensors and
-attention metadata), `sampler_e2e` (logits to tokens, its kernels included), `process_model_outputs`
+vLLM's 2023 engine: synchronous, its workers Ray actors, fp16): `schedule`, `prepare_inputs_e2e`
+(the batch's input tensors and attention metadata), `sampler_e2e` (logits to tokens, its kernels included), `process_model_outputs`
 (appending tokens, stop checks, detokenization) and `ray_comm_time` (the driver's round trip to its
 Ray workers).
 
@@ -22,10 +22,11 @@ OPS = {"schedule": "schedule_median", "prepare_inputs": "prepare_inputs_e2e_medi
        "ray_comm": "ray_comm_time_mean"}
 COLUMNS = ("model_name", "batch_size", "tensor_parallel_degree")
 MEASURED = {
-    "seconds": "the source's <part>_median (ms; ray_comm_time has a mean only) in seconds, the median over the models "
-               "profiled at the point: host time of one decode iteration of Sarathi-Serve's engine (a fork of vLLM's "
-               "2023 synchronous engine, Ray workers) with vLLM's scheduler: schedule, prepare_inputs (prepare_inputs_e2e), sampler (sampler_e2e, "
-               "its GPU kernels included), process_outputs (process_model_outputs), ray_comm (ray_comm_time)",
+    "seconds": "the source's <part>_median (ms; ray_comm_time has a mean only) in seconds, the median over the "
+               "models profiled at the point: host time of one decode iteration of Sarathi-Serve's engine (a fork "
+               "of vLLM's 2023 synchronous engine, Ray workers) with vLLM's scheduler: schedule, prepare_inputs "
+               "(prepare_inputs_e2e), sampler (sampler_e2e, its GPU kernels included), process_outputs "
+               "(process_model_outputs), ray_comm (ray_comm_time)",
     "batch": "the source's batch_size: requests in the decode iteration",
     "ranks": "the source's tensor_parallel_degree: GPUs of the tensor-parallel group",
 }

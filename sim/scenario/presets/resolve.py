@@ -76,7 +76,9 @@ def resolve_engine(value: str | dict) -> EngineSpec:
                                                   f"{overrides.get('host_profile', base.host_profile)!r}, which "
                                                   f"prices each step's host work (set host_profile: '' to use it)")
     for key, number in overrides.items():
-        if key not in ("name", "collectives", "host_profile", "all_to_all") and (not _is_finite_number(number) or number < 0):
+        if key in ("name", "collectives", "host_profile", "all_to_all"):
+            continue
+        if not _is_finite_number(number) or number < 0:
             raise InputError(f"engine.{key}", f"must be a non-negative number (got {number!r})")
     for key in ("mem_efficiency", "compute_efficiency", "link_efficiency"):
         if key in overrides and not 0 < overrides[key] <= 1:

@@ -107,15 +107,14 @@ def depth(case) -> int:
 def measured_kernels(hardware: str, model: str, dtype: str, tp: int) -> str | None:
     """The published kernel table that times this model's layers on this hardware at this
     tensor-parallel size, if one is committed (calibration/published), as a scenario names it."""
-    from sim.formats.published import PUBLISHED, published_metas
+    from sim.formats.published import PUBLISHED, layer_shape, published_metas, timed_layer_shape
     from sim.scenario.presets import MODELS
 
     spec = MODELS.get(model)
     if spec is None or dtype not in ("bf16", "fp16") or spec.experts is not None or spec.latent is not None:
         return None
     for name, meta in published_metas(PUBLISHED, "kernels", ("linear.qkv",)).items():
-        m = meta["model"]
         if meta["hardware"] == hardware and tp in meta["grid"]["linear.qkv"]["axes"]["ranks"] \
-                and (m["hidden"], m["heads"], m["kv_heads"], m["ffn"]) == (spec.hidden, spec.heads, spec.kv_heads, spec.ffn):
+                and timed_layer_shape(meta) == layer_shape(spec):
             return str(PUBLISHED / name)
     return None

@@ -20,17 +20,16 @@ from sim.formats.published import PUBLISHED, PublishedProfile, load_published
 from sim.scenario.schema import Scenario
 
 
-class PublishedHost:
-    """Host work of each step from a published host table; the rest from the engine preset."""
+class PublishedHost(RooflineHost):
+    """Host work of each step from a published host table; speculation's and prompt lookup's from
+    the engine preset (RooflineHost)."""
 
-    def __init__(self, profile: PublishedProfile, preset: RooflineHost, ranks: int):
-        self.preset = preset
+    def __init__(self, engine, profile: PublishedProfile, ranks: int):
+        super().__init__(engine)
         self.tables = list(profile.tables.values())
         self.ranks = ranks
         self.origin = (f"published: {repo_relative(profile.path)}, {profile.meta['engine']} on "
                        f"{profile.meta['hardware']}'s host at tensor_parallel {ranks}, from {profile.source}")
-        self.host_draft = preset.host_draft
-        self.speculation_overhead = preset.speculation_overhead
         self._seconds: dict[int, float] = {}
 
     def step_seconds(self, requests: int) -> float:
@@ -52,9 +51,8 @@ def host_for(scenario: Scenario, folder: Path = PUBLISHED) -> tuple[object, list
     """The scenario's host pricer (its engine preset's constants, or the host table the preset
     names) and the warnings it comes with."""
     engine = scenario.engine_spec
-    preset = RooflineHost(engine)
     if not engine.host_profile:
-        return preset, []
+        return RooflineHost(engine), []
     profile = load_published(folder / engine.host_profile)
     # The tensor-parallel sizes every part was measured at.
     measured = sorted(set.intersection(*({int(r) for r in t.axes[0]} for t in profile.tables.values())))
@@ -64,4 +62,4 @@ def host_for(scenario: Scenario, folder: Path = PUBLISHED) -> tuple[object, list
     ranks = max([r for r in measured if r <= tp], default=measured[0])
     warnings = [] if ranks == tp else [f"host work of tensor_parallel {tp} priced at {ranks}, the nearest size "
                                        f"{engine.host_profile} measured ({measured})"]
-    return PublishedHost(profile, preset, ranks), warnings
+    return PublishedHost(engine, profile, ranks), warnings

@@ -157,8 +157,8 @@ part_validate() {
 
 part_kernels() {
   # The graphs first: on CUDA they replay real graphs against the eager path's tokens.
-  part kernels "$KERNEL_TIMEOUT" python3 -m pytest -q -p no:cacheprovider tests/test_graphs.py \
-    tests/test_engine_kernels.py tests/test_kernels_attention.py tests/test_kernels_selection_quant.py
+  part kernels "$KERNEL_TIMEOUT" python3 -m pytest -q -p no:cacheprovider tests/profiler/test_graphs.py \
+    tests/profiler/test_engine_kernels.py tests/spec_kernels/test_kernels_attention.py tests/spec_kernels/test_kernels_selection_quant.py
 }
 
 measure_bandwidth

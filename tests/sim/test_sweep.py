@@ -15,7 +15,7 @@ from sim.cli import main
 from sim.sweep.study import expand_points, load_study
 from sim.sweep.store import LOG, read_table
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 # A study big enough to be killed part-way: 48 points of 200 requests at concurrency 16.
 KILLABLE = {

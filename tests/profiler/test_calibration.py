@@ -22,7 +22,7 @@ from sim.errors import InputError
 from sim.formats.provenance import repo_relative
 from sim.simulate import simulate
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BUNDLE = ROOT / "calibration" / "cpu" / "smollm2-135m"
 
 

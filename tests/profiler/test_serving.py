@@ -173,7 +173,7 @@ def test_off_above_batch_and_goodput_policies_on_the_engine(setup):
     assert "decode" in modes and "verify" in modes
     assert all(s.drafted in (0, 3) for s in off.steps)
 
-    bundle = Path(__file__).resolve().parents[1] / "calibration/cpu/smollm2-135m-chat-full"
+    bundle = Path(__file__).resolve().parents[2] / "calibration/cpu/smollm2-135m-chat-full"
     scenario = {"hardware": "cpu", "model": "smollm2-135m", "dtype": "fp32", "calibration": str(bundle),
                 "speculation": {"method": "ngram", "num_speculative_tokens": 3, "acceptance": {"rate": 0.5},
                                 "policy": "goodput"},

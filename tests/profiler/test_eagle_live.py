@@ -2,7 +2,7 @@
 step, exactly the chain the evaluation computes from the whole output; the output is the target's
 own (greedy, static and continuous serving with chunked prefill and row swaps); a head that knows
 the target has every draft accepted; sampled verification keeps the target's distribution
-(tests/test_sampling.py)."""
+(tests/profiler/test_sampling.py)."""
 import subprocess
 import sys
 

@@ -19,7 +19,7 @@ from profiler.cli import main
 from profiler.serve.metrics import parse_spec_counters
 from sim.errors import InputError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".vllm-venv"
 REQUIRED = os.environ.get("SPECSIM_REQUIRE_VLLM") == "1"
 

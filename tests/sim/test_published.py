@@ -17,7 +17,7 @@ from sim.validate.published.catalogue import load_catalogue
 from sim.validate.published.predict import predict_catalogue, solve_anchor
 from sim.validate.published.report import predictions_frame, summarize
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CATALOGUE = REPO / "validation/published"
 
 

@@ -11,7 +11,7 @@ pd = pytest.importorskip("pandas")
 
 from conftest import REPO  # noqa: E402
 
-QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench_questions.jsonl"
+QUESTIONS = REPO.parent / "shared" / "data" / "spec_bench_questions.jsonl"
 
 
 def live(*args, cwd=REPO):
@@ -78,7 +78,7 @@ def test_live_run_writes_steps_requests_summary_outputs_and_meta(tmp_path):
     (["--policy", "goodput", "--tree", "2,2", "--calibration", "calibration/cpu/smollm2-135m"],
      "--policy: goodput chooses a chain's k"),
     (["--policy", "off_above_batch:2", "--budget", "16"], "--policy: off_above_batch does not combine with --budget"),
-    # The synthetic drafter (tests/test_synthetic.py has the rest of it).
+    # The synthetic drafter (tests/profiler/test_synthetic.py has the rest of it).
     (["--method", "synthetic"], "--acceptance: the synthetic drafter keeps each draft position with a set chance"),
     (["--method", "synthetic", "--acceptance", "1.2"], "--acceptance: each rate must be in [0, 1] (got 1.2)"),
     (["--method", "synthetic", "--acceptance", "0.9,-0.1"], "--acceptance: each rate must be in [0, 1] (got -0.1)"),

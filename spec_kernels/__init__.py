@@ -11,8 +11,10 @@ from __future__ import annotations
 import os
 
 from spec_kernels import reference
+from spec_kernels.variants import variants_met
 
-__all__ = ["attention", "block_summaries", "select_blocks", "quantize", "quant_matmul", "reference", "uses_triton"]
+__all__ = ["attention", "block_summaries", "select_blocks", "quantize", "quant_matmul", "reference", "uses_triton",
+           "variants_met", "warm_up_attention"]
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -33,6 +35,19 @@ def attention(q, k_cache, v_cache, kv_lens, *, tree_mask=None, kv_index=None, kv
                                 kv_index_lens=kv_index_lens, sm_scale=sm_scale)
     return reference.attention(q, k_cache, v_cache, kv_lens, tree_mask=tree_mask, kv_index=kv_index,
                                kv_index_lens=kv_index_lens, sm_scale=sm_scale)
+
+
+def warm_up_attention(q_heads: int, kv_heads: int, head_dim: int, dtype, device, max_query_tokens: int,
+                      indexed: bool) -> None:
+    """Compile every variant of the attention kernel that forwards of a model of these heads and dtype
+    can launch, queries up to `max_query_tokens` long, with a partial index when `indexed`
+    (spec_kernels/attention_triton.py `warm_up`); nothing where the references run."""
+    import torch
+
+    if uses_triton(torch.empty(0, device=device)):
+        from spec_kernels.attention_triton import warm_up
+
+        warm_up(q_heads, kv_heads, head_dim, dtype, device, max_query_tokens, indexed)
 
 
 def block_summaries(k_cache, kv_lens, block: int = 16):

@@ -13,8 +13,12 @@ more splits, so a batch of a few requests still fills the GPU. A program takes a
 
 The host side is two launches and no wait on the GPU: on an H200 the earlier wrapper's twenty or so
 eager PyTorch launches and a read-back of kv_lens cost 470-780 us a call, several times the
-kernel (docs/performance.md). Split counts and padding are runtime arguments, so contexts that
-grow compile nothing new.
+kernel (docs/performance.md). What changes from step to step is a runtime argument Triton does not
+specialise on (RUNTIME_INTS: the query length, split count, padding, and the strides that follow
+the query length or a partial index's length), so a kernel compiles once per (dtype, GQA group,
+head dim, row tile, tree, index): `warm_up` compiles all of them before anything is timed, and a
+SpecPV re-feed of 26-31 tokens or an index whose length changes every step compiles nothing
+(spec_kernels/variants.py counts what a launch would compile).
 
 Written for triton 3.6-3.9 and its CPU interpreter: pointer arithmetic only (no block pointers),
 every load of the caller's tensors masked, fp32 dots in IEEE precision (TF32 would miss the 1e-5
@@ -27,8 +31,15 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from spec_kernels.variants import KernelVariants
 
-@triton.jit(do_not_specialize=["splits", "rows_padded"])
+# Integers that vary from step to step (see the module docstring): never specialised.
+SPLIT_RUNTIME_INTS = ("q_len", "splits", "rows_padded", "stride_qb", "stride_qh", "stride_qq", "stride_tb", "stride_ti",
+                      "stride_ib", "stride_ih")
+COMBINE_RUNTIME_INTS = ("q_len", "splits", "rows_padded", "stride_ob", "stride_oh", "stride_oq")
+
+
+@triton.jit(do_not_specialize=SPLIT_RUNTIME_INTS)
 def _split_attention(
     Q, K, V, KV_LENS, TREE, KV_INDEX, KV_INDEX_LENS, ACC, M_OUT, L_OUT,
     stride_qb, stride_qh, stride_qq, stride_qd,
@@ -36,8 +47,8 @@ def _split_attention(
     stride_vb, stride_vh, stride_vs, stride_vd,
     stride_tb, stride_ti, stride_tj,
     stride_ib, stride_ih, stride_in,
-    kv_heads, sm_scale, splits, rows_padded,
-    Q_LEN: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    kv_heads, sm_scale, splits, rows_padded, q_len,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_TREE: tl.constexpr, HAS_INDEX: tl.constexpr, PRECISION: tl.constexpr,
 ):
@@ -47,20 +58,20 @@ def _split_attention(
     b = (pid // kv_heads).to(tl.int64)
     h = (pid % kv_heads).to(tl.int64)
     kv_len = tl.load(KV_LENS + b).to(tl.int64)
-    prefix = kv_len - Q_LEN
+    prefix = kv_len - q_len
     if HAS_INDEX:
         n_prefix = tl.load(KV_INDEX_LENS + b).to(tl.int64)
     else:
         n_prefix = prefix
-    total = n_prefix + Q_LEN
+    total = n_prefix + q_len
     per_split = (total + splits - 1) // splits
     start = split * per_split
     end = tl.minimum(start + per_split, total)
 
     rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_valid = rows < GROUP * Q_LEN
-    head = h * GROUP + rows // Q_LEN                     # the query head of each row
-    token = rows % Q_LEN                                 # and its new token
+    row_valid = rows < GROUP * q_len
+    head = h * GROUP + rows // q_len                     # the query head of each row
+    token = rows % q_len                                 # and its new token
     dims = tl.arange(0, BLOCK_D)
     dim_valid = dims < HEAD_DIM
     q = tl.load(Q + b * stride_qb + head[:, None] * stride_qh + token[:, None] * stride_qq + dims[None, :] * stride_qd,
@@ -111,10 +122,10 @@ def _split_attention(
     tl.store(L_OUT + base + rows, l_i)
 
 
-@triton.jit(do_not_specialize=["splits", "rows_padded"])
+@triton.jit(do_not_specialize=COMBINE_RUNTIME_INTS)
 def _combine_splits(
-    ACC, M, L, OUT, stride_ob, stride_oh, stride_oq, stride_od, kv_heads, splits, rows_padded,
-    Q_LEN: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    ACC, M, L, OUT, stride_ob, stride_oh, stride_oq, stride_od, kv_heads, splits, rows_padded, q_len,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """Log-sum-exp combine of one (request, KV head, row tile)'s split states, written in OUT's dtype."""
     pid = tl.program_id(0)
@@ -134,9 +145,9 @@ def _combine_splits(
         weight = tl.exp(tl.load(M + at) - m_safe)                      # 0 for a split that saw nothing
         numerator += tl.load(ACC + at[:, None] * BLOCK_D + dims[None, :]) * weight[:, None]
         denominator += tl.load(L + at) * weight
-    row_valid = rows < GROUP * Q_LEN
-    head = h * GROUP + rows // Q_LEN
-    token = rows % Q_LEN
+    row_valid = rows < GROUP * q_len
+    head = h * GROUP + rows // q_len
+    token = rows % q_len
     out = numerator / tl.where(row_valid, denominator, 1.0)[:, None]
     tl.store(OUT + b * stride_ob + head[:, None] * stride_oh + token[:, None] * stride_oq + dims[None, :] * stride_od,
              out.to(OUT.dtype.element_ty), mask=row_valid[:, None] & (dims < HEAD_DIM)[None, :])
@@ -158,9 +169,7 @@ def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, kv_lens: Tensor, *, t
     group = Hq // Hkv
     if Hq % Hkv:
         raise ValueError(f"query heads {Hq} are not a multiple of KV heads {Hkv}")
-    # At most 64 rows a program: one tile of a Llama-8B verify of 64 tokens (256 rows of 128
-    # dims) asked for 256 KiB of shared memory on an H200, which has 227 KiB.
-    block_m = min(64, max(16, triton.next_power_of_2(group * Q)))
+    block_m = row_tile(group, Q)
     row_blocks = triton.cdiv(group * Q, block_m)
     rows_padded = row_blocks * block_m
     block_d = max(16, triton.next_power_of_2(D))
@@ -182,14 +191,49 @@ def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, kv_lens: Tensor, *, t
     tree_strides = tree.stride() if tree_mask is not None else (0, 0, 0)
     index_strides = index.stride() if kv_index is not None else (0, 0, 0)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"    # ignored for 16-bit inputs
-    _split_attention[(B * Hkv, splits, row_blocks)](
-        q, k_cache, v_cache, kv_lens, tree, index, index_lens, acc, m, l,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *tree_strides, *index_strides,
-        Hkv, sm_scale if sm_scale is not None else D ** -0.5, splits, rows_padded,
-        Q_LEN=Q, GROUP=group, HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        HAS_TREE=tree_mask is not None, HAS_INDEX=kv_index is not None, PRECISION=precision)
+    args = (q, k_cache, v_cache, kv_lens, tree, index, index_lens, acc, m, l,
+            *q.stride(), *k_cache.stride(), *v_cache.stride(), *tree_strides, *index_strides,
+            Hkv, sm_scale if sm_scale is not None else D ** -0.5, splits, rows_padded, Q)
+    constexprs = dict(GROUP=group, HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+                      HAS_TREE=tree_mask is not None, HAS_INDEX=kv_index is not None, PRECISION=precision)
+    SPLIT_VARIANTS.note_launch(args, constexprs)
+    _split_attention[(B * Hkv, splits, row_blocks)](*args, **constexprs)
     out = torch.empty_like(q)
-    _combine_splits[(B * Hkv, row_blocks)](
-        acc, m, l, out, *out.stride(), Hkv, splits, rows_padded,
-        Q_LEN=Q, GROUP=group, HEAD_DIM=D, BLOCK_M=block_m, BLOCK_D=block_d)
+    args = (acc, m, l, out, *out.stride(), Hkv, splits, rows_padded, Q)
+    constexprs = dict(GROUP=group, HEAD_DIM=D, BLOCK_M=block_m, BLOCK_D=block_d)
+    COMBINE_VARIANTS.note_launch(args, constexprs)
+    _combine_splits[(B * Hkv, row_blocks)](*args, **constexprs)
     return out
+
+
+SPLIT_VARIANTS = KernelVariants(_split_attention.fn, SPLIT_RUNTIME_INTS)
+COMBINE_VARIANTS = KernelVariants(_combine_splits.fn, COMBINE_RUNTIME_INTS)
+
+
+def row_tile(group: int, q_len: int) -> int:
+    """Rows a program takes (BLOCK_M): the query's rows (tokens x GQA group) to a power of two, 16 to 64.
+    At most 64: one tile of a Llama-8B verify of 64 tokens (256 rows of 128 dims) asked for 256 KiB
+    of shared memory on an H200, which has 227 KiB."""
+    return min(64, max(16, triton.next_power_of_2(group * q_len)))
+
+
+def warm_up(q_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device, max_query_tokens: int,
+            indexed: bool) -> None:
+    """Launch every variant of the kernel that the engine's forwards of this model can launch (module
+    docstring) on a small cache laid out as the engine's: each row tile a query of up to
+    `max_query_tokens` tokens needs, with the engine's tree mask, and with a partial index too when
+    `indexed` (SpecPV). On a GPU each compiles now, so that no timed step waits on Triton's compiler."""
+    group = q_heads // kv_heads
+    slots = 128
+    cache = torch.zeros(1, kv_heads, slots, head_dim, dtype=dtype, device=device)
+    kv_lens = torch.full((1,), slots, dtype=torch.int32, device=device)
+    tiles = {row_tile(group, T): T for T in range(max_query_tokens, 0, -1)}       # each tile's shortest query
+    for T in tiles.values():
+        # q as the engine's: a view of the fused projection [B, T, heads, D] with heads second.
+        q = torch.zeros(1, T, q_heads + kv_heads, head_dim, dtype=dtype, device=device).transpose(1, 2)[:, :q_heads]
+        tree = torch.ones(1, T, T, dtype=torch.bool, device=device).tril()
+        attention(q, cache, cache, kv_lens, tree_mask=tree)
+        if indexed:
+            index = torch.arange(slots - T, dtype=torch.int32, device=device).expand(1, kv_heads, slots - T)
+            attention(q, cache, cache, kv_lens, tree_mask=tree, kv_index=index.contiguous(),
+                      kv_index_lens=torch.full((1,), slots - T, dtype=torch.int32, device=device))

@@ -4,7 +4,9 @@ W is stored as spec_kernels.reference.quantize packs it: codes [N, K] uint8 (int
 two per byte, low nibble first), scale and zero [N, K / group_size] fp32. Each program computes a
 BLOCK_M x BLOCK_N tile of y, walking K in steps of BLOCK_K (a divisor of the group size, so one
 scale and zero per row per step), dequantizing the codes in registers and accumulating in fp32:
-the weights cross memory at 4 or 8 bits, which is what makes the shadow draft cheap.
+the weights cross memory at 4 or 8 bits, which is what makes the shadow draft cheap. The row count
+M changes with the batch and is not specialised on (spec_kernels/variants.py): a batch that shrinks
+as requests finish compiles nothing new within a row tile.
 """
 from __future__ import annotations
 
@@ -13,8 +15,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from spec_kernels.variants import KernelVariants
 
-@triton.jit
+
+@triton.jit(do_not_specialize=["M"])
 def _quant_matmul(X, CODES, SCALE, ZERO, Y, M, N, K,
                   stride_xm, stride_xk, stride_cn, stride_ck, stride_sn, stride_sg, stride_ym, stride_yn,
                   BITS: tl.constexpr, GROUP_SIZE: tl.constexpr,
@@ -62,7 +66,12 @@ def quant_matmul(x: Tensor, packed: dict) -> Tensor:
     block_m = max(16, min(64, triton.next_power_of_2(M)))
     block_n = 64
     codes, scale, zero = packed["codes"], packed["scale"], packed["zero"]
-    _quant_matmul[(triton.cdiv(M, block_m), triton.cdiv(N, block_n))](
-        x2, codes, scale, zero, y, M, N, K, *x2.stride(), *codes.stride(), *scale.stride(), *y.stride(),
-        BITS=packed["bits"], GROUP_SIZE=packed["group_size"], BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+    args = (x2, codes, scale, zero, y, M, N, K, *x2.stride(), *codes.stride(), *scale.stride(), *y.stride())
+    constexprs = dict(BITS=packed["bits"], GROUP_SIZE=packed["group_size"], BLOCK_M=block_m, BLOCK_N=block_n,
+                      BLOCK_K=block_k)
+    VARIANTS.note_launch(args, constexprs)
+    _quant_matmul[(triton.cdiv(M, block_m), triton.cdiv(N, block_n))](*args, **constexprs)
     return y.to(x.dtype).reshape(*lead, N)
+
+
+VARIANTS = KernelVariants(_quant_matmul.fn, ("M",))

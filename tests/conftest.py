@@ -5,7 +5,15 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED_DATA = REPO.parent / "shared" / "data"
+# The data the studies among the tests read: ../shared/data beside the checkout (CI's), or the folder
+# SPECSIM_DATA names, holding Spec-Bench's questions and Pride and Prejudice. A test that needs them
+# skips without them, every one with the same reason.
+SHARED_DATA = Path(os.environ.get("SPECSIM_DATA") or REPO.parent / "shared" / "data")
+TEXT = SHARED_DATA / "pride_and_prejudice.txt"
+QUESTIONS = SHARED_DATA / "spec_bench_questions.jsonl"
+DATA_MISSING = (f"needs the data folder {SHARED_DATA} (spec_bench_questions.jsonl, pride_and_prejudice.txt): "
+                f"set SPECSIM_DATA to a folder holding them")
+needs_data = pytest.mark.skipif(not (TEXT.is_file() and QUESTIONS.is_file()), reason=DATA_MISSING)
 
 # The kernel tests run Triton for real on a GPU and through its CPU interpreter elsewhere; the
 # interpreter must be chosen before triton is first imported.
@@ -19,14 +27,14 @@ if KERNEL_DEVICE == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-def small_kernel_model(seed: int = 0, layers: int = 2, max_context: int = 512):
+def small_kernel_model(seed: int = 0, layers: int = 2, max_context: int = 512, heads: int = 4):
     """A small random Llama on KERNEL_DEVICE (weights N(0, 0.3), norms 1) whose greedy choices are
     decisive: the kernel path and the torch path give it the same tokens."""
     torch.manual_seed(seed)
     from profiler.engine.model import Llama, LlamaConfig
 
-    model = Llama(LlamaConfig(name="small", layers=layers, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128,
-                              vocab=97, tied_embeddings=True, max_context=max_context))
+    model = Llama(LlamaConfig(name="small", layers=layers, hidden=heads * 16, heads=heads, kv_heads=2, head_dim=16,
+                              ffn=128, vocab=97, tied_embeddings=True, max_context=max_context))
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.normal_(0, 0.3) if "norm" not in name else p.fill_(1.0)
@@ -71,11 +79,10 @@ def smollm2():
 
 
 def spec_bench_rows() -> list[dict]:
-    """The Spec-Bench questions from ../shared/data (the test skips without them)."""
-    path = SHARED_DATA / "spec_bench_questions.jsonl"
-    if not path.exists():
-        pytest.skip(f"{path} not present")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The Spec-Bench questions of the data folder (the test skips without them)."""
+    if not QUESTIONS.is_file():
+        pytest.skip(DATA_MISSING)
+    return [json.loads(line) for line in QUESTIONS.read_text().splitlines() if line.strip()]
 
 
 def small_draft(model, layers: int):

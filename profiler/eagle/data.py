@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from profiler.engine.model import Llama
+from profiler.engine.model import Llama, fp32_logits
 
 
 @dataclass
@@ -68,7 +68,7 @@ def hidden_states(model: Llama, sequence: list[int]) -> tuple[Tensor, Tensor]:
     tokens = torch.tensor([sequence], device=device)
     positions = torch.arange(len(sequence), device=device)[None]
     hidden = model.last_hidden(tokens, positions)[0]
-    labels = model.lm_head(model.norm(hidden)).argmax(-1)
+    labels = fp32_logits(model.norm(hidden), model.lm_head.weight).argmax(-1)
     return hidden.float().cpu(), labels.cpu()
 
 

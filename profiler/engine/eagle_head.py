@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from profiler.engine.model import Block, Llama, LlamaConfig, apply_rope, rope_table
+from profiler.engine.model import Block, Llama, LlamaConfig, apply_rope, fp32_logits, rope_table
 
 WEIGHTS, META = "head.safetensors", "head.json"
 
@@ -85,7 +85,7 @@ class EagleHead(nn.Module):
         head): [.., vocab] fp32."""
         if self.layout == "standardized":
             features = target.norm(features)
-        return target.lm_head(features).float()
+        return fp32_logits(features, target.lm_head.weight)
 
     def forward_sequence(self, features: Tensor, next_tokens: Tensor, target: Llama) -> Tensor:
         """Estimates of feature i + 1 at every index i of whole sequences, causally, without a cache:

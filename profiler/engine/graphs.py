@@ -16,8 +16,11 @@ CUDA graph and replay it in one launch (vLLM, SGLang); this does the same for th
     rotary table: `bound_memory`); when that changes the graphs are dropped. With graphs on,
     Llama.setup_cache keeps a cache of exactly the asked shape, so a warm-up and the timed run of
     the same cache size share one, and the warm-up captures;
-  - the first use of a T captures every capture size up to the cache's rows at once (`prepare`);
-    `exact_rows` captures the one size asked instead (calibration times exactly its batch);
+  - the first use of a T captures every capture size up to the cache's rows at once (`prepare`),
+    under inference mode whoever calls it (the layers write a KV cache made under `serve`'s), with
+    one synchronize and one emptying of the allocator's cache before the batch of captures, not one
+    per capture (as vLLM patches torch.cuda.graph's per-capture ones out); `exact_rows` captures the
+    one size asked instead (calibration times exactly its batch);
   - nothing of Python runs at a replay: the model's module hooks never fire inside a capture (the
     layers are called through `hidden_states`, not the module's __call__), and what callers of a
     replay need (kept_hidden) is set by `forward` after it. `replay_hooks` stand for the forward
@@ -28,11 +31,17 @@ tree verification, chain drafts. SpecPV's partial verification and re-fed full v
 their shapes off the data and run eagerly.
 
 On the CPU the same code pads and runs the layers on the static buffers without a graph (what the
-tests check: padding and buffers give the unpadded forward's tokens).
+tests check: padding and buffers give the unpadded forward's tokens); a "capture" there sets the
+buffers up and runs the layers once, as a CUDA capture's warm-up does, and is counted like one.
+
+A StepGraphs holds its model weakly: the model holds it (Llama.step_graphs), and a strong link back
+would keep a discarded model (a draft head, 0.5 GB and its graphs' memory on an 8B) alive until the
+cyclic garbage collector happened to run.
 """
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -70,7 +79,7 @@ class _Captured:
 @dataclass
 class StepGraphs:
     """The captured forwards of one model over its current KV cache (module docstring)."""
-    model: Llama
+    model_ref: weakref.ref               # the Llama (held weakly: module docstring)
     cuda: bool
     exact_rows: bool = False           # capture sizes: vLLM's buckets, or exactly the rows asked
     captured: dict[tuple[int, int], _Captured] = field(default_factory=dict)    # (rows, T) ->
@@ -82,7 +91,13 @@ class StepGraphs:
     # Called before and after each forward (copy-in, replay, logits), as a module's forward hooks
     # around a forward: what profiler.calibrate.timing.timed_forwards times.
     replay_hooks: list[tuple[Callable[[], None], Callable[[], None]]] = field(default_factory=list)
+    stream: object = None              # the side stream captures run on (CUDA)
 
+    @property
+    def model(self) -> Llama:
+        return self.model_ref()
+
+    @torch.inference_mode()
     def forward(self, tokens: Tensor, positions: Tensor, slots: Tensor, kernel: KernelLayout,
                 logits_at: Tensor) -> Tensor | None:
         """Logits [M, L, V] of the model's forward over these inputs (tokens, positions, slots:
@@ -123,13 +138,20 @@ class StepGraphs:
             self.prepare(T, [size] if self.exact_rows else None)
         return self.captured[(size, T)]
 
+    @torch.inference_mode()
     def prepare(self, T: int, sizes: list[int] | None = None) -> None:
         """Capture the forwards of T new tokens per row at `sizes` (default: every capture size of
         the bound cache) that are not captured yet, largest first."""
         self.bind()
-        for size in sorted(sizes or self.sizes, reverse=True):
-            if (size, T) not in self.captured:
-                self.captured[(size, T)] = self.capture(size, T)
+        missing = [size for size in sorted(sizes or self.sizes, reverse=True) if (size, T) not in self.captured]
+        if missing and self.cuda:
+            # What torch.cuda.graph does before every capture, done once for the batch of them.
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        for size in missing:
+            self.captured[(size, T)] = self.capture(size, T)
+        if missing and self.cuda:
+            torch.cuda.synchronize()
 
     def bind(self) -> None:
         """Follow the model's current cache: graphs bound to other memory are dropped."""
@@ -153,36 +175,47 @@ class StepGraphs:
                                                 kernel=KernelLayout(entry.kv_lens, entry.tree_mask))
 
     def capture(self, rows: int, T: int) -> _Captured:
-        """Static buffers for (rows, T), every row padding at first; on CUDA the layers warmed up on
-        a side stream (Triton compiles there) and captured."""
+        """Static buffers for (rows, T), every row padding at first, and the layers run on them: on
+        CUDA twice on a side stream (Triton compiles, cuBLAS sizes its workspaces) and then captured
+        there; on the CPU once."""
         device = self.model.lm_head.weight.device
         long = dict(dtype=torch.long, device=device)
         entry = _Captured(rows, torch.zeros(rows, T, **long), torch.zeros(rows, T, **long),
                           torch.zeros(rows, T, **long), torch.zeros(rows, dtype=torch.int32, device=device),
                           torch.ones(rows, T, T, dtype=torch.bool, device=device).tril())
         self.pad(entry, 0)
-        if not self.cuda:
-            return entry
         started = time.perf_counter()
         # A profiler range of its own: a launch count leaves the capture's launches out
         # (profiler.live.launches).
         with torch.profiler.record_function(CAPTURE_RANGE):
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    self.run(entry)
-            torch.cuda.current_stream().wait_stream(side)
-            if self.pool is None:
-                self.pool = torch.cuda.graph_pool_handle()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
+            if self.cuda:
+                self.capture_on_side_stream(entry)
+            else:
                 self.run(entry)
-            entry.graph = graph
-            torch.cuda.synchronize()
         self.captures += 1
         self.capture_s += time.perf_counter() - started
         return entry
+
+    def capture_on_side_stream(self, entry: _Captured) -> None:
+        """torch.cuda.graph's capture without its synchronize and cache flush (`prepare` does those
+        once for all the captures it makes): the warm-up and the capture on one side stream, into
+        the graphs' shared pool."""
+        if self.stream is None:
+            self.stream = torch.cuda.Stream()
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        self.stream.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(self.stream):
+            for _ in range(2):
+                self.run(entry)
+            graph.capture_begin(self.pool)
+            try:
+                self.run(entry)
+            finally:
+                graph.capture_end()
+        torch.cuda.current_stream().wait_stream(self.stream)
+        entry.graph = graph
 
     def drop(self) -> None:
         """The memory the graphs are bound to is gone: release them (and their pool)."""
@@ -205,7 +238,7 @@ def enable_graphs(model: Llama, exact_rows: bool | None = None) -> StepGraphs:
     Llama.setup_cache keeps a cache of the asked shape (module docstring). exact_rows: capture
     exactly the rows each forward has, no padding to vLLM's sizes (None: as set before, else no)."""
     if model.step_graphs is None:
-        model.step_graphs = StepGraphs(model, cuda=model.lm_head.weight.is_cuda)
+        model.step_graphs = StepGraphs(weakref.ref(model), cuda=model.lm_head.weight.is_cuda)
     if exact_rows is not None and model.step_graphs.exact_rows != exact_rows:
         model.step_graphs.drop()
         model.step_graphs.exact_rows = exact_rows

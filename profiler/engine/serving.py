@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+import spec_kernels
 from profiler.engine.drafters import Drafter
 from profiler.engine.graphs import disable_graphs, enable_graphs
 from profiler.engine.model import Llama
@@ -78,6 +79,7 @@ class Served(Generation):
     cuda_graphs: bool = False                # decode / verify / chain-draft forwards replayed from CUDA graphs
     graph_captures: int = 0                  # graphs captured during this run, and their seconds
     graph_capture_s: float = 0.0
+    kernel_variants: int = 0                 # Triton kernel variants first launched in this run (GPU: compiles)
 
 
 @dataclass
@@ -150,7 +152,7 @@ def serve(model: Llama, prompts: list[list[int]], max_new_tokens: int, drafter: 
             enable_graphs(m)
         else:
             disable_graphs(m)
-    captures_before = _captures(graphed)
+    captures_before, variants_before = _captures(graphed), spec_kernels.variants_met()
     sync = device_sync(device)
     nodes = shape.nodes if shape is not None else 0
     max_seq = max(needed_cache_tokens(prompts, max_new_tokens, nodes, partial), cache_tokens)
@@ -243,11 +245,24 @@ def serve(model: Llama, prompts: list[list[int]], max_new_tokens: int, drafter: 
     out.cuda_graphs = use_graphs and device.type == "cuda"     # on the CPU the buffers replay without a graph
     out.graph_captures = captures_after[0] - captures_before[0]
     out.graph_capture_s = captures_after[1] - captures_before[1]
+    out.kernel_variants = spec_kernels.variants_met() - variants_before
     return out
 
 
 # The profiler range around each engine step: what `profiler.live.launches` counts launches in.
 STEP_RANGE = "engine_step"
+
+
+def compile_kernels(model: Llama, drafter: Drafter | None, max_query_tokens: int, partial: bool) -> None:
+    """Compile every variant of the attention kernel that the target's and the drafter's forwards
+    can launch, a forward at most `max_query_tokens` new tokens a row (at most the run's room past
+    its output: profiler.live.shared.room_tokens), with SpecPV's partial index when `partial`
+    (spec_kernels.warm_up_attention), before anything is timed: a SpecPV re-feed or a policy's k
+    then finds its kernel compiled, whatever its length."""
+    shapes = {(m.config.heads, m.config.kv_heads, m.config.head_dim, m.lm_head.weight.dtype, m.lm_head.weight.device)
+              for m in [model] + (drafter.graph_models() if drafter is not None else [])}
+    for heads, kv_heads, head_dim, dtype, device in shapes:
+        spec_kernels.warm_up_attention(heads, kv_heads, head_dim, dtype, device, max_query_tokens, partial)
 
 
 def needed_cache_tokens(prompts: list[list[int]], max_new_tokens: int, nodes: int, partial: PartialSpec | None) -> int:

@@ -9,7 +9,7 @@ import spec_kernels  # noqa: E402
 from conftest import KERNEL_DEVICE, small_kernel_model as small_model  # noqa: E402
 from profiler.engine.drafters import NgramDrafter, SelfDrafter  # noqa: E402
 from profiler.engine.partial import PartialSpec  # noqa: E402
-from profiler.engine.serving import speculative_generate  # noqa: E402
+from profiler.engine.serving import compile_kernels, speculative_generate  # noqa: E402
 from profiler.engine.tree import TreeShape  # noqa: E402
 
 if KERNEL_DEVICE == "cpu" and not spec_kernels.INTERPRET:
@@ -49,3 +49,23 @@ def test_the_shadow_draft_on_the_int4_kernel_drafts_what_its_dequantized_weights
     assert kernel.outputs == dense.outputs
     agree = sum(a.accepted == b.accepted for a, b in zip(kernel.steps, dense.steps))
     assert agree >= 0.9 * len(dense.steps)       # fp32 sums in another order may flip a rare near-tie
+
+
+def test_after_compile_kernels_a_specpv_run_launches_no_variant_it_had_not_met():
+    # SpecPV's full verifications re-feed the tokens accepted since the refresh (12 here, with 2
+    # drafts and the root: 15 query tokens against the partial steps' 3), and a partial index's
+    # length changes every step. Each model shape below is this test's own, so its variants are new
+    # to the process.
+    def specpv(heads):
+        model = small_model(heads=heads)
+        return model, dict(drafter=NgramDrafter(), k=2, partial=PartialSpec(budget=16, sink=16, window=16, period=12))
+
+    model, kwargs = specpv(heads=6)
+    cold = speculative_generate(model, PROMPTS, 24, use_kernels=True, **kwargs)
+    assert cold.kernel_variants > 0
+    model, kwargs = specpv(heads=8)
+    compile_kernels(model, kwargs["drafter"], max_query_tokens=2 * 3 + 12 + 2 + 1 + 2, partial=True)
+    warm = speculative_generate(model, PROMPTS, 24, use_kernels=True, **kwargs)
+    assert {s.mode for s in warm.steps} >= {"partial", "full"}
+    assert {s.query_tokens for s in warm.steps} >= {3, 15}
+    assert warm.kernel_variants == 0

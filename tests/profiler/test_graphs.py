@@ -93,13 +93,48 @@ def test_exact_rows_captures_the_rows_asked_and_the_hidden_states_come_back():
     model.setup_cache(8, 64)
     graphs.enable_graphs(model, exact_rows=True)
     model.keep_hidden = True
-    tokens = torch.arange(15).reshape(5, 3) % 97
-    positions = torch.arange(3).expand(5, 3) + 10
-    kernel = KernelLayout(torch.full((5,), 13, dtype=torch.int32), graphs.chain_mask(3, "cpu").expand(5, 3, 3))
-    logits = graphs.forward_new_tokens(model, tokens, positions, positions, kernel, torch.arange(3).expand(5, 3))
+    # Every input on the kernel's device: the eager reference below indexes the embedding with them.
+    on = dict(device=KERNEL_DEVICE)
+    tokens = torch.arange(15, **on).reshape(5, 3) % 97
+    positions = torch.arange(3, **on).expand(5, 3) + 10
+    kernel = KernelLayout(torch.full((5,), 13, dtype=torch.int32, **on),
+                          graphs.chain_mask(3, KERNEL_DEVICE).expand(5, 3, 3))
+    logits_at = torch.arange(3, **on).expand(5, 3)
+    logits = graphs.forward_new_tokens(model, tokens, positions, positions, kernel, logits_at)
     assert set(model.step_graphs.captured) == {(5, 3)}
     hidden = model.kept_hidden
     graphs.disable_graphs(model)
-    eager = model(tokens, positions, slots=positions, kernel=kernel, logits_at=torch.arange(3).expand(5, 3))
+    with torch.inference_mode():
+        eager = model(tokens, positions, slots=positions, kernel=kernel, logits_at=logits_at)
     torch.testing.assert_close(logits, eager)
     torch.testing.assert_close(hidden, model.kept_hidden)
+
+
+def test_a_policys_shapes_are_captured_after_serve_made_the_cache_under_inference_mode():
+    # The live run's warm-up captures every k a policy may choose outside `serve`, whose KV cache is
+    # an inference tensor: a capture writes it (as the CPU's runs the layers once), so it must run
+    # under inference mode whoever calls it.
+    model = small_model()
+    serving.speculative_generate(model, PROMPTS[:2], 2, drafters.NgramDrafter(), k=2, use_kernels=True,
+                                 use_graphs=True)
+    assert not torch.is_inference_mode_enabled()
+    captures = model.step_graphs.captures
+    model.step_graphs.prepare(5)
+    assert {(rows, T) for rows, T in model.step_graphs.captured if T == 5} == {(1, 5), (2, 5)}
+    assert model.step_graphs.captures == captures + 2
+    graphs.disable_graphs(model)
+
+
+def test_a_discarded_model_is_freed_at_once_though_its_graphs_point_back_at_it():
+    import gc
+    import weakref
+
+    model = small_model()
+    serving.speculative_generate(model, PROMPTS[:2], 2, None, use_kernels=True, use_graphs=True)
+    gone = weakref.ref(model)
+    gc.disable()
+    try:
+        del model
+        assert gone() is None           # no reference cycle held it for the cyclic collector
+    finally:
+        gc.enable()

@@ -121,3 +121,19 @@ def test_long_context_prompts_have_the_exact_length_and_keep_the_chat_template(s
     assert len({tuple(p) for p in prompts}) == 3                    # each request its own excerpt
     decoded = tok.decode(prompts[1], skip_special=False)
     assert "Summarize the following text" in decoded and decoded.endswith("<|im_start|>assistant\n")
+
+
+def test_a_16_bit_models_logits_are_summed_and_returned_in_fp32_never_rounded_to_16_bits():
+    # Rounded to bf16, the top logits of a large vocabulary tie often enough that another GEMM
+    # tiling breaks a tie the other way (profiler.engine.model.fp32_logits).
+    torch.manual_seed(0)
+    config = LlamaConfig(name="wide", layers=1, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=4096,
+                         tied_embeddings=False, max_context=64)
+    model = Llama(config).to(torch.bfloat16).eval()
+    hidden = torch.randn(2, 3, 64).to(torch.bfloat16)
+    with torch.inference_mode():
+        logits = model.logits(hidden)
+    expected = model.norm(hidden).float() @ model.lm_head.weight.float().t()
+    assert logits.dtype == torch.float32 and logits.shape == (2, 3, config.vocab)
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+    assert (logits != logits.to(torch.bfloat16).float()).float().mean() > 0.9      # off the bf16 grid

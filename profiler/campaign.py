@@ -4,14 +4,18 @@ A campaign is a YAML file (profiler/campaigns/NAME.yaml): a `name`, optionally t
 bundle its runs are predicted with and how many `repeats`, `defaults`, and a list of `runs`, each
 a mapping of LiveConfig fields and a `name`. Every run of every repeat is checked before the first
 starts; they run in this process, which loads the model once, each written to DIR/NAME (repeat 1)
-or DIR/repeats/N/NAME exactly as `profiler live --out` writes it. Even repeats run in reverse order,
-so a slow spell of the machine does not hit the same runs every time. A run whose folder exists is
-skipped, so an interrupted campaign resumes where it stopped. Each repeat folder's campaign.json
-records the campaign and each run's wall time (sim/formats/campaign.py); `sim validate DIR`
-predicts them all.
+or DIR/repeats/N/NAME exactly as `profiler live --out` writes it. Runs share what they can
+(profiler/live/shared.py): the target, draft-cost models, synthetic records and launch counts, and
+one KV cache size for the runs of a batch, so its CUDA graphs are captured once. Even repeats run
+in reverse order, so a slow spell of the machine does not hit the same runs every time. A run
+whose folder exists is skipped, so an interrupted campaign resumes where it stopped. A run that
+fails is recorded with its error and the others still run; the command then names the failed runs
+and exits non-zero. Each repeat folder's campaign.json records the campaign, each run's wall time
+and each failure (sim/formats/campaign.py); `sim validate DIR` predicts them all.
 """
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +23,9 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from profiler.live.config import LiveConfig, check_config
+from profiler.live.shared import SharedAcrossRuns, group_rooms
 from sim.errors import InputError
-from sim.formats.campaign import repeat_folder, wall_times, write_record
+from sim.formats.campaign import failures, repeat_folder, wall_times, write_record
 
 CAMPAIGNS = Path(__file__).resolve().parent / "campaigns"
 
@@ -128,19 +133,33 @@ def run_campaign(config: CampaignConfig) -> None:
     names = [r["name"] for r in campaign["runs"]]      # the whole campaign, whatever --only ran
     wall_s = {repeat: wall_times(repeat_folder(config.out, repeat)) for repeat in range(1, repeats + 1)}
 
+    failed = {repeat: failures(repeat_folder(config.out, repeat)) for repeat in range(1, repeats + 1)}
+
     def record(repeat: int) -> None:
         write_record(repeat_folder(config.out, repeat), campaign["name"], campaign["path"],
-                     campaign.get("calibration"), repeat, names, wall_s[repeat])
+                     campaign.get("calibration"), repeat, names, wall_s[repeat], failed[repeat])
 
-    models: dict = {}
+    # Every planned run sizes the caches, those a resume skips too: a resumed campaign's runs keep
+    # the sizes they would have had.
+    shared = SharedAcrossRuns(rooms=group_rooms([s for _, _, s in planned]))
     started = time.perf_counter()
     todo = [(repeat, name, s) for repeat, name, s in planned if not s.out.exists()]
     for repeat, name, settings in tqdm(todo, desc=f"campaign {campaign['name']}", unit="run"):
         t0 = time.perf_counter()
-        run_live(settings, models=models, quiet=True)
-        wall_s[repeat][name] = round(time.perf_counter() - t0, 2)
+        try:
+            run_live(settings, shared=shared, quiet=True)
+        except Exception as exc:       # one run's failure is recorded; the campaign goes on
+            failed[repeat][name] = f"{exc.__class__.__name__}: {exc}".splitlines()[0][:500]
+            print(f"campaign {campaign['name']}: run {name} failed: {failed[repeat][name]}", file=sys.stderr)
+        else:
+            wall_s[repeat][name] = round(time.perf_counter() - t0, 2)
+            failed[repeat].pop(name, None)
         record(repeat)
     for repeat in range(1, repeats + 1):
         record(repeat)
     print(f"campaign {campaign['name']}: {len(planned) - len(todo)} runs already there, {len(todo)} run in "
           f"{time.perf_counter() - started:.0f} s; folders under {config.out}")
+    now_failed = sorted({name for repeat, name, _ in todo if name in failed[repeat]})
+    if now_failed:
+        raise InputError("CAMPAIGN", f"{len(now_failed)} of {len(todo)} runs failed ({', '.join(now_failed)}); "
+                                     f"their errors are in campaign.json")

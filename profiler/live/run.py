@@ -11,6 +11,7 @@ from profiler.calibrate.probe import measure_probe
 from profiler.live.config import LiveConfig, check_config, parse_policy
 from profiler.live.prompts import long_context_prompts, read_prompts
 from profiler.live.record import write_run
+from profiler.live.shared import SharedAcrossRuns
 from sim.errors import InputError
 
 def load_model(name: str, dtype, flag: str = "--model", seed: int = 0, device: str = "cpu"):
@@ -23,7 +24,9 @@ def load_model(name: str, dtype, flag: str = "--model", seed: int = 0, device: s
         raise InputError(flag, str(exc)) from None
 
 
-def make_drafter(settings: LiveConfig, model, dtype):
+def make_drafter(settings: LiveConfig, model, dtype, shared: SharedAcrossRuns, target_key: tuple):
+    """The run's drafter; a synthetic drafter's draft-cost model is built once per target, shape and
+    seed (shared) and handed to every run that drafts with it."""
     from profiler.engine.drafters import DraftModelDrafter, NgramDrafter, SelfDrafter, ShadowDrafter
 
     if settings.method == "none":
@@ -45,10 +48,13 @@ def make_drafter(settings: LiveConfig, model, dtype):
         from profiler.engine.gguf_loader import ModelLoadError
         from profiler.engine.synthetic import SyntheticDrafter, draft_cost
 
-        try:
-            cost = draft_cost(settings.draft_shape, model, settings.seed + 1)
-        except (ModelLoadError, ValueError) as exc:
-            raise InputError("--draft-shape", str(exc)) from None
+        key = (*target_key, settings.draft_shape, settings.seed + 1)
+        if key not in shared.drafts:
+            try:
+                shared.drafts[key] = draft_cost(settings.draft_shape, model, settings.seed + 1)
+            except (ModelLoadError, ValueError) as exc:
+                raise InputError("--draft-shape", str(exc)) from None
+        cost = shared.drafts[key]
         # Its records (the target's own continuations) come from run_live's recording pass.
         return SyntheticDrafter({}, settings.acceptance, model.config.vocab, settings.seed, cost)
     if settings.method == "eagle":
@@ -189,19 +195,23 @@ def uses_graphs(settings: LiveConfig) -> bool:
     return settings.device == "cuda" and settings.cuda_graphs
 
 
-def count_step_launches(model, prompts: list[list[int]], settings: LiveConfig, drafter, eos_id, cache_tokens: int,
-                        runs) -> dict:
-    """What the run's engine was (meta.json `execution`): graphs on or off, the graphs captured
-    while it was timed, and launches per step counted over a short untimed pass of its first batch
-    (profiler.live.launches)."""
+def describe_execution(model, prompts: list[list[int]], settings: LiveConfig, drafter, eos_id, cache_tokens: int,
+                       timed, shared: SharedAcrossRuns, target_key: tuple) -> dict:
+    """What the run's engine was (meta.json `execution`): graphs on or off, the KV cache's slots,
+    what the timed passes waited on (graphs captured, Triton kernel variants first launched: zero
+    after a proper warm-up), and launches per step, counted over a short untimed pass of its first
+    batch by the first run of its engine shape (profiler.live.launches; `launches_counted_by`)."""
     from profiler.live.launches import count_launches
 
-    gens = [gen for _, gen in runs]
+    gens = [gen for _, gen in timed]
     short = settings.model_copy(update={"max_new_tokens": min(4, settings.max_new_tokens), "serving": "static"})
-    counted = count_launches(lambda: run_batches(model, prompts[:settings.batch], short, drafter, eos_id, "launches",
-                                                 cache_tokens=cache_tokens, mark_steps=True), settings.device == "cuda")
-    return {"cuda_graphs": uses_graphs(settings), "graph_captures_in_run": sum(g.graph_captures for g in gens),
-            "graph_capture_s": sum(g.graph_capture_s for g in gens), **counted}
+    counted = shared.launch_counts(target_key, settings, lambda: count_launches(
+        lambda: run_batches(model, prompts[:settings.batch], short, drafter, eos_id, "launches",
+                            cache_tokens=cache_tokens, mark_steps=True), settings.device == "cuda"))
+    return {"cuda_graphs": uses_graphs(settings), "cache_tokens": cache_tokens,
+            "graph_captures_in_run": sum(g.graph_captures for g in gens),
+            "graph_capture_s": sum(g.graph_capture_s for g in gens),
+            "kernel_variants_in_run": sum(g.kernel_variants for g in gens), **counted}
 
 
 def warmup_tokens(settings: LiveConfig) -> int:
@@ -215,7 +225,8 @@ def warmup_tokens(settings: LiveConfig) -> int:
 def warm_up(model, prompts: list[list[int]], settings: LiveConfig, drafter, eos_id, cache_tokens: int = 0) -> None:
     """Generate a few tokens of the first batch, untimed and unrecorded, as a static batch and
     without the policy (whose state would carry into the run); autoregressively too when a baseline
-    follows, whose decode steps are shapes of their own."""
+    follows, whose decode steps are shapes of their own; and capture the graphs of every step shape
+    a policy may choose."""
     tokens = warmup_tokens(settings)
     if tokens:
         warm = settings.model_copy(update={"max_new_tokens": tokens, "serving": "static"})
@@ -230,11 +241,25 @@ def warm_up(model, prompts: list[list[int]], settings: LiveConfig, drafter, eos_
                 model.step_graphs.prepare(T)
 
 
-def run_live(settings: LiveConfig, models: dict | None = None, quiet: bool = False) -> None:
-    """Run and record one live run. models: a cache of loaded targets (a campaign reuses one model
-    across its runs); quiet: do not print the summary."""
+def load_target(settings: LiveConfig, shared: SharedAcrossRuns):
+    """The run's target, loaded once per (model, dtype, seed, device) for all runs sharing `shared`;
+    and its key."""
     import torch
 
+    key = (settings.model, settings.dtype, settings.seed, settings.device)
+    if key not in shared.models:
+        dtype = torch.float32 if settings.dtype == "fp32" else torch.bfloat16
+        shared.models[key] = load_model(settings.model, dtype, seed=settings.seed, device=settings.device)
+    return shared.models[key], key
+
+
+def run_live(settings: LiveConfig, shared: SharedAcrossRuns | None = None, quiet: bool = False) -> None:
+    """Run and record one live run. shared: what a campaign's runs share (profiler.live.shared: the
+    loaded target, draft-cost models, synthetic records, launch counts, KV cache sizes); quiet: do
+    not print the summary."""
+    import torch
+
+    shared = shared if shared is not None else SharedAcrossRuns()
     check_config(settings)
     rows = None if settings.context is not None else read_prompts(settings.prompts, settings.limit, settings.per_category)
     if settings.arrivals is not None:       # checked before the model loads
@@ -245,12 +270,7 @@ def run_live(settings: LiveConfig, models: dict | None = None, quiet: bool = Fal
     dtype = torch.float32 if settings.dtype == "fp32" else torch.bfloat16
     if settings.device == "cuda" and not torch.cuda.is_available():
         raise InputError("--device", "cuda is not available here (torch " + torch.__version__ + ")")
-    key = (settings.model, settings.dtype, settings.seed, settings.device)
-    loaded = models.get(key) if models is not None else None
-    if loaded is None:
-        loaded = load_model(settings.model, dtype, seed=settings.seed, device=settings.device)
-        if models is not None:
-            models[key] = loaded
+    loaded, target_key = load_target(settings, shared)
     model, config, tok = loaded.model, loaded.config, loaded.tokenizer
     if settings.tokenizer is not None:
         from profiler.engine.tokenizer import ChatTokenizer
@@ -270,19 +290,15 @@ def run_live(settings: LiveConfig, models: dict | None = None, quiet: bool = Fal
     else:
         prompts = [tok.encode_chat(row["text"]) for row in rows]
     longest = max(len(p) for p in prompts)
-    drafted = settings.tree[0] * settings.tree[1] if settings.tree is not None else settings.k
-    if settings.method == "none":
-        drafted = 0
-    refeed = 0      # the engine's room for padding ragged SpecPV re-feeds (profiler.engine.speculative)
-    if settings.budget is not None:
-        refeed = settings.period * (drafted + 1) if settings.period_unit == "steps" else settings.period + drafted + 1
-    cache_tokens = longest + settings.max_new_tokens + 2 * (drafted + 1) + refeed + 2   # serving.needed_cache_tokens
+    # One size for every run of its cache group (profiler.live.shared): the runs at a batch keep one
+    # cache and the graphs captured on it, whatever their k.
+    cache_tokens = longest + settings.max_new_tokens + shared.room_for(settings)
     if cache_tokens > config.max_context:
         raise InputError("--max-new-tokens", f"prompt {longest} + {settings.max_new_tokens} new tokens exceed the "
                                                 f"model's maximum context {config.max_context}")
     if settings.budget is not None and settings.budget >= longest:
         raise InputError("--budget", f"{settings.budget} is not below the context ({longest} prompt tokens)")
-    drafter = make_drafter(settings, model, dtype)
+    drafter = make_drafter(settings, model, dtype, shared, target_key)
     depth = settings.tree[1] if settings.tree is not None else settings.k
     # The probe before the passes that set the run's cache up (and the CUDA graphs bound to it),
     # which the probe's own caches would replace.
@@ -290,9 +306,14 @@ def run_live(settings: LiveConfig, models: dict | None = None, quiet: bool = Fal
     if settings.method == "synthetic":     # the target's own greedy continuations: untimed, unrecorded
         from profiler.engine.synthetic import record_continuations
 
-        drafter.records = record_continuations(model, prompts, settings.max_new_tokens, depth, settings.batch,
-                                               tok.eos_id, cache_tokens)
+        drafter.records = shared.records_for(
+            (*target_key, settings.batch, cache_tokens, tok.eos_id), prompts, settings.max_new_tokens + depth,
+            lambda tokens: record_continuations(model, prompts, tokens, 0, settings.batch, tok.eos_id, cache_tokens))
     policy, step_pricer = make_policy(settings, config, prompts) if drafter is not None else (None, None)
+    if settings.device == "cuda":        # every kernel variant the run can launch, compiled before it is timed
+        from profiler.engine.serving import compile_kernels
+
+        compile_kernels(model, drafter, shared.room_for(settings), settings.budget is not None)
     warm_up(model, prompts, settings, drafter, tok.eos_id, cache_tokens)
     if settings.method == "synthetic":
         drafter.reset()                    # the run draws from the seed and counts from zero, warm-up or not
@@ -304,7 +325,9 @@ def run_live(settings: LiveConfig, models: dict | None = None, quiet: bool = Fal
                     else run_batches(model, prompts, settings, None, tok.eos_id, "baseline", cache_tokens=cache_tokens))
     drafter_summary = {"synthetic": drafter.summary(depth)} if settings.method == "synthetic" else None
     # On the run's cache and graphs, before the probe replaces them.
-    execution = count_step_launches(model, prompts, settings, drafter, tok.eos_id, cache_tokens, speculative)
+    timed = speculative + (baseline if baseline is not None and baseline is not speculative else [])
+    execution = describe_execution(model, prompts, settings, drafter, tok.eos_id, cache_tokens, timed, shared,
+                                   target_key)
     if probe is not None:
         probe["after"] = measure_probe(model, config, settings.device, settings.seed)
         probe["shapes"] = probe["before"].pop("shapes")

@@ -4,7 +4,7 @@
     DIR/campaign.json          the record of repeat 1: {"campaign", "file", "calibration" (the bundle
                                that predicts it, or null), "repeat", "runs": [every run's name, in
                                the campaign's order], "wall_s": {name: s}, "total_s" (null where the
-                               runs' times were not recorded)}
+                               runs' times were not recorded), "failed": {name: the error's first line}}
     DIR/NAME/                  repeat 1's run folders (sim/formats/run_folder.py)
     DIR/repeats/N/campaign.json, DIR/repeats/N/NAME/   repeat N > 1
 
@@ -43,17 +43,22 @@ def read_record(folder: Path) -> dict:
 
 
 def write_record(folder: Path, campaign: str, file: Path, calibration: str | None, repeat: int, runs: list[str],
-                 wall_s: dict[str, float]) -> None:
-    """A repeat folder's campaign.json: the campaign, every run's name in its order, and the wall
-    times of the runs done so far."""
+                 wall_s: dict[str, float], failed: dict[str, str] | None = None) -> None:
+    """A repeat folder's campaign.json: the campaign, every run's name in its order, the wall times
+    of the runs done so far and the errors of those that failed."""
     record = {"campaign": campaign, "file": repo_relative(file), "calibration": calibration, "repeat": repeat,
-              "runs": runs, "wall_s": wall_s, "total_s": round(sum(wall_s.values()), 2)}
+              "runs": runs, "wall_s": wall_s, "total_s": round(sum(wall_s.values()), 2), "failed": failed or {}}
     write_atomic(Path(folder) / RECORD, json.dumps(record, indent=2) + "\n")
 
 
 def wall_times(folder: Path) -> dict[str, float]:
     """The wall times a repeat folder's record holds (none for a folder without one)."""
     return dict(read_record(folder).get("wall_s") or {}) if is_campaign(folder) else {}
+
+
+def failures(folder: Path) -> dict[str, str]:
+    """The failed runs a repeat folder's record names, with their errors (none without a record)."""
+    return dict(read_record(folder).get("failed") or {}) if is_campaign(folder) else {}
 
 
 def repeat_folders(folder: Path) -> list[Path]:

@@ -137,7 +137,9 @@ class EngineProbe:
         had taken 18 s of a 237 s calibration round here (under cProfile), most of it the first
         touch of new pages."""
         self.install_timing_cache(max(b for b, _, _ in shapes), max(kv for _, _, kv in shapes) + 1)
-        return {shape: self.time_forward(*shape) for shape in shapes}
+        # By KV length: on CUDA each length times on a cache of its own length, and its graphs stay
+        # captured while the length does (time_forward).
+        return {shape: self.time_forward(*shape) for shape in sorted(shapes, key=lambda s: (s[2], s[0], s[1]))}
 
     def install_timing_cache(self, batch: int, slots: int) -> None:
         """Point every layer at the probe's KV caches [rows, H_kv, slots, D], made once (of the
@@ -180,6 +182,13 @@ class EngineProbe:
         prompt = query > 64 and kv == query      # a whole prompt: the engine's prefill path
         forward = lambda: self.model(tokens, positions, logits_at=logits_at, prompt=prompt)    # noqa: E731
         if device == "cuda" and query <= 64:       # decode and verification (the engine's small queries)
+            # The attention kernel splits a request's keys by its cache's length, which a graph fixes
+            # at capture: time it on a cache as long as a live run's at this KV (kv + 1 slots; the
+            # engine sizes its cache for the run), not on the probe's longest (2,049 slots made 8
+            # splits at batch 1 where a 590-slot live cache makes 2).
+            for layer in self.model.layers:
+                attention = layer.attention
+                attention.k_cache, attention.v_cache = attention.k_cache[:, :, :kv + 1], attention.v_cache[:, :, :kv + 1]
             forward = self.graphed_forward(tokens, positions, kv)
         with torch.inference_mode():
             return time_call(forward, device, 0.3).median_s

@@ -67,7 +67,7 @@ class PointTimer:
         bench = Bench(self.config, self.dtype, self.device, torch.Generator().manual_seed(generator_seed), self.pool,
                       pool_offset)
         fn = build_cold(OPERATORS[op], bench, dict(point), self.element_bytes)
-        return time_call(fn, self.device, MIN_RUN_TIME_S)
+        return time_call(fn, "cpu" if OPERATORS[op].host else self.device, MIN_RUN_TIME_S)
 
 
 # Each point's timing runs its operator for at least this long (timing.py's blocks of about 2 ms).

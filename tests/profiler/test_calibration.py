@@ -599,3 +599,20 @@ def test_cpu_timing_is_the_median_call_of_blocks_after_warm_up(monkeypatch):
     long = time_call(call_of(0.05), "cpu", min_run_time_s=0.03)
     assert long.runs == 1 and len(calls) == 3       # one block of one call is longer than the budget
     assert long.median_s == pytest.approx(0.05, rel=1e-12)
+
+
+def test_a_host_operator_is_timed_by_the_hosts_clock_on_a_gpu_too(monkeypatch):
+    # CUDA events time the GPU's stream, which prompt lookup leaves idle: they read about zero.
+    pytest.importorskip("torch")
+    import torch
+
+    from profiler.calibrate import rounds, timing
+    from profiler.calibrate.operators import OPERATORS
+    from profiler.engine.loaders import preset_config
+
+    devices = []
+    monkeypatch.setattr(timing, "time_call", lambda fn, device, min_run_time_s: devices.append(device) or fn())
+    timer = rounds.PointTimer(preset_config("smollm2-135m"), torch.float32, "cuda", seed=0)
+    timer.time_point("ngram", {"context": 64}, generator_seed=0, pool_offset=0)
+    assert devices == ["cpu"]
+    assert [name for name, op in OPERATORS.items() if op.host] == ["ngram"]

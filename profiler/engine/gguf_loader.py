@@ -6,6 +6,7 @@ implements, so they load as they are (a Hugging Face checkpoint needs `permute_r
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 from dataclasses import dataclass
@@ -114,18 +115,37 @@ def build_llama(config: LlamaConfig, weight, names: dict[str, str], dtype: torch
     return model.to(device=device, dtype=dtype).eval()
 
 
+def read_gguf(path: str | Path):
+    """The file's GGUF reader, parsed once per process while the file is unchanged (its path, size
+    and modification time): the parse reads every metadata field, SmolLM2's 49K-token vocabulary and
+    merges among them, about 4 s on the 2-core CPU, which loading a model and then its tokenizer
+    paid twice. ModelLoadError for a missing or unreadable file."""
+    path = Path(path)
+    if not path.exists():
+        raise ModelLoadError(f"no such model file: {path}")
+    stat = path.stat()
+    try:
+        return _parse_gguf(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    except ImportError:        # no gguf package: not a bad file
+        raise
+    except Exception as exc:   # the gguf reader raises several types on a bad file
+        raise ModelLoadError(f"{path} is not a readable GGUF file ({exc.__class__.__name__})") from None
+
+
+@functools.lru_cache(maxsize=4)
+def _parse_gguf(path: str, size: int, mtime_ns: int):
+    import gguf
+
+    return gguf.GGUFReader(path)
+
+
 def open_gguf(path: str | Path):
     """(reader, weight): the file's GGUF reader and weight(name) -> that tensor dequantized to fp32
     (a read-only view of the memory-mapped file where no dequantization was needed)."""
     import gguf
 
     path = Path(path)
-    if not path.exists():
-        raise ModelLoadError(f"no such model file: {path}")
-    try:
-        reader = gguf.GGUFReader(path)
-    except Exception as exc:   # the gguf reader raises several types on a bad file
-        raise ModelLoadError(f"{path} is not a readable GGUF file ({exc.__class__.__name__})") from None
+    reader = read_gguf(path)
     tensors = {t.name: t for t in reader.tensors}
 
     def weight(name: str) -> np.ndarray:

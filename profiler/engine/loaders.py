@@ -89,12 +89,11 @@ def model_shape(name: str) -> tuple[LlamaConfig, str]:
 
 
 def _from_gguf(path: Path, dtype, device) -> LoadedModel:
-    import gguf
-
+    from profiler.engine.gguf_loader import read_gguf
     from profiler.engine.tokenizer import tokenizer_from_gguf
 
     loaded = load_gguf(path, dtype=dtype)
-    tok = tokenizer_from_gguf(gguf.GGUFReader(loaded.path))
+    tok = tokenizer_from_gguf(read_gguf(loaded.path))
     return LoadedModel(loaded.model.to(device), loaded.config, tok, loaded.path.name, loaded.sha256_prefix)
 
 
@@ -204,10 +203,9 @@ def random_model(config: LlamaConfig, dtype=torch.float32, device: str = "cpu", 
 def smollm2_tokenizer():
     """SmolLM2's tokenizer, or None without its package."""
     try:
-        import gguf
-
+        from profiler.engine.gguf_loader import read_gguf
         from profiler.engine.tokenizer import tokenizer_from_gguf
 
-        return tokenizer_from_gguf(gguf.GGUFReader(smollm2_path()))
+        return tokenizer_from_gguf(read_gguf(smollm2_path()))
     except (ImportError, ModelLoadError):
         return None

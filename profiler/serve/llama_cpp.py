@@ -89,14 +89,12 @@ def check_gguf(path: Path) -> None:
 
 def gguf_model(path: Path) -> tuple[object, object, str, str]:
     """The GGUF file's tokenizer, shape (LlamaConfig), weights' dtype and content hash."""
-    import gguf
-
-    from profiler.engine.gguf_loader import ModelLoadError, sha256_prefix, read_config
+    from profiler.engine.gguf_loader import ModelLoadError, read_config, read_gguf, sha256_prefix
     from profiler.engine.tokenizer import tokenizer_from_gguf
 
     check_gguf(path)
     try:
-        reader = gguf.GGUFReader(path)
+        reader = read_gguf(path)
         shape = read_config(reader)
         tok = tokenizer_from_gguf(reader)
     except (ModelLoadError, ValueError, KeyError) as exc:

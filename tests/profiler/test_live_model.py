@@ -90,6 +90,37 @@ def test_smollm2_config_comes_from_the_gguf_metadata(smollm2):
     assert model.lm_head.weight is model.embed.weight
 
 
+def test_a_gguf_file_is_parsed_once_per_process_until_it_changes(smollm2, tmp_path):
+    # The parse reads the whole vocabulary (about 4 s for SmolLM2): loading the model and then its
+    # tokenizer share one; a file rewritten since is parsed again.
+    import os
+
+    import gguf
+
+    from profiler.engine.gguf_loader import read_gguf, smollm2_path
+
+    reader = read_gguf(smollm2_path())
+    assert read_gguf(smollm2_path()) is reader
+    os.symlink(smollm2_path(), tmp_path / "same.gguf")
+    assert read_gguf(tmp_path / "same.gguf") is reader          # one file, another name
+
+    def write(path, value):
+        writer = gguf.GGUFWriter(str(path), "llama")
+        writer.add_uint32("test.value", value)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+
+    small = tmp_path / "small.gguf"
+    write(small, 1)
+    first = read_gguf(small)
+    assert read_gguf(small) is first and int(first.get_field("test.value").parts[-1][0]) == 1
+    write(small, 2)
+    os.utime(small, ns=(1, small.stat().st_mtime_ns + 1_000_000_000))
+    assert int(read_gguf(small).get_field("test.value").parts[-1][0]) == 2
+
+
 def test_chat_special_tokens_are_single_ids(smollm2):
     _, tok = smollm2
     assert tok.encode("<|im_start|>") == [1]

@@ -3,7 +3,12 @@
 them), then the median and P90 of the remaining steps, whose every row is one forward of the
 whole batch; with --read-gb-s, the time one step takes to read the weights at that bandwidth (the
 decoder layers and the LM head, in the run's dtype) and the median step over it; and the
-engine the run recorded (CUDA graphs, launches per step).
+engine the run recorded (CUDA graphs, launches per step, and what its timed passes waited on: graphs
+captured and Triton kernel variants first launched, both zero after a proper warm-up). Below the
+table, one line for each run whose measurement is suspect: something captured or compiled while
+timed, or a synthetic run with more than 2% of its requests off their record (its acceptance is
+then below the set rate: profiler/engine/synthetic.py). SpecPV without rectify commits what partial
+attention chose, which may leave the record by design: its share is shown, not flagged.
 
     python scripts/step_times.py validation/gpu-h200/live/*/
     python scripts/step_times.py gpu-check-out/live --read-gb-s 3000     # a campaign folder: its runs
@@ -48,12 +53,34 @@ def step_times(run: Path, read_gb_s: float | None = None) -> dict:
            "p90_step_ms": round(float(rest_ms.quantile(0.9)), 2),
            "tokens_per_step": summary.get("tokens_per_step"),
            "throughput_tok_s": round(summary["throughput_tok_s"], 1),
-           "graphs": execution.get("cuda_graphs"), "launches_per_step": execution.get("launches_per_step")}
+           "graphs": execution.get("cuda_graphs"), "launches_per_step": execution.get("launches_per_step"),
+           "captures_timed": execution.get("graph_captures_in_run"), "variants_timed": execution.get("kernel_variants_in_run"),
+           "diverged": (round(summary["synthetic"]["diverged_requests"] / summary["requests"], 3)
+                        if "synthetic" in summary else None),
+           "approximate": meta["arguments"].get("budget") is not None and not meta["arguments"].get("rectify")}
     if read_gb_s is not None:
         read_ms = weight_read_ms(meta, read_gb_s)
         row["weight_read_ms"] = round(read_ms, 2)
         row["step_over_read"] = round(float(rest_ms.median()) / read_ms, 2)
     return row
+
+
+# A synthetic run whose requests leave their record more often than this measures a lower acceptance
+# than it was set to.
+DIVERGED_LIMIT = 0.02
+
+
+def suspect(row: dict) -> list[str]:
+    """Why a run's times or acceptance are not what it set out to measure (empty: nothing)."""
+    why = []
+    if row.get("captures_timed"):
+        why.append(f"{row['captures_timed']} CUDA graphs captured while timed")
+    if row.get("variants_timed"):
+        why.append(f"{row['variants_timed']} Triton kernel variants first launched (compiled) while timed")
+    if row.get("diverged") is not None and row["diverged"] > DIVERGED_LIMIT and not row["approximate"]:
+        why.append(f"{row['diverged']:.1%} of its requests left their record (over {DIVERGED_LIMIT:.0%}): "
+                   f"acceptance below the set rate")
+    return why
 
 
 def main(argv: list[str]) -> int:
@@ -75,11 +102,14 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     try:
-        table = pd.DataFrame([step_times(r, read_gb_s) for r in runs]).sort_values(["batch", "method", "run"])
+        rows = [step_times(r, read_gb_s) for r in runs]
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(table.to_string(index=False))
+    print(pd.DataFrame(rows).sort_values(["batch", "method", "run"]).to_string(index=False))
+    for row in rows:
+        for why in suspect(row):
+            print(f"SUSPECT {row['run']}: {why}")
     return 0
 
 

@@ -1,5 +1,6 @@
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -70,12 +71,12 @@ UNIT_ENGINE = {"preset": "vllm", "mem_efficiency": 1.0, "compute_efficiency": 1.
 def smollm2():
     """SmolLM2-135M-Instruct in fp32 and its tokenizer, loaded once for the session."""
     pytest.importorskip("torch")
-    gguf = pytest.importorskip("gguf")
-    from profiler.engine.gguf_loader import load_gguf, smollm2_path
+    pytest.importorskip("gguf")
+    from profiler.engine.gguf_loader import load_gguf, read_gguf, smollm2_path
     from profiler.engine.tokenizer import tokenizer_from_gguf
 
     loaded = load_gguf(smollm2_path())
-    return loaded.model, tokenizer_from_gguf(gguf.GGUFReader(loaded.path))
+    return loaded.model, tokenizer_from_gguf(read_gguf(loaded.path))
 
 
 def spec_bench_rows() -> list[dict]:
@@ -92,3 +93,33 @@ def small_draft(model, layers: int):
     draft = copy.deepcopy(model)
     draft.layers = draft.layers[:layers]
     return draft
+
+
+# scripts/gpu-check.sh's dry run on the CPU: SmolLM2's shape with random weights; batch 1 in the first
+# live part, batch 2 in the rest, two synthetic settings, SpecPV at 768 tokens; a budgeted calibration
+# of the operators a whole forward is composed of (profiler.calibrate.run.FORWARD_OPERATORS), which
+# tests/profiler/test_calibrate_budget.py checks too: one 60 s calibration serves both.
+FORWARD_OPERATORS = "linear.qkv,linear.o,linear.gate_up,linear.down,elementwise,attention,attention_prefill,lm_head"
+DRY_RUN = {"DEVICE": "cpu", "DTYPE": "fp32", "MODEL": "smollm2-135m", "BATCHES": "1 2", "CORE_BATCHES": "1", "KS": "3",
+           "ACCEPTANCES": "0.8 0.6", "CONTEXT": "128", "NEW_TOKENS": "12", "SPECPV_CONTEXT": "768",
+           "SPECPV_BUDGET": "256", "CAL_BUDGET_S": "60", "CAL_OPERATORS": FORWARD_OPERATORS, "LIVE_TIMEOUT": "240",
+           "REST_TIMEOUT": "240", "SPECPV_TIMEOUT": "240", "VALIDATE_TIMEOUT": "120",
+           "PARTS": "live calibrate live-rest specpv validate"}
+
+
+def run_gpu_check(out: Path, **settings) -> str:
+    """scripts/gpu-check.sh at the dry run's settings (and `settings`), its files under `out`."""
+    env = {**os.environ, **DRY_RUN, **settings, "OUT": str(out), "TRITON_INTERPRET": "1"}
+    done = subprocess.run(["bash", "scripts/gpu-check.sh"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done.stdout
+
+
+@pytest.fixture(scope="session")
+def gpu_check_dry_run(tmp_path_factory) -> Path:
+    pytest.importorskip("torch")
+    pytest.importorskip("gguf")
+    out = tmp_path_factory.mktemp("gpu-check")
+    run_gpu_check(out)
+    return out

@@ -24,9 +24,10 @@ def load_model(name: str, dtype, flag: str = "--model", seed: int = 0, device: s
         raise InputError(flag, str(exc)) from None
 
 
-def make_drafter(settings: LiveConfig, model, dtype, shared: SharedAcrossRuns, target_key: tuple):
-    """The run's drafter; a synthetic drafter's draft-cost model is built once per target, shape and
-    seed (shared) and handed to every run that drafts with it."""
+def make_drafter(settings: LiveConfig, model, dtype, shared: SharedAcrossRuns | None = None, target_key: tuple = ()):
+    """The run's drafter; a synthetic drafter's draft-cost model is built once per target (its key),
+    shape and seed for all runs sharing `shared`, and handed to every run that drafts with it."""
+    shared = shared if shared is not None else SharedAcrossRuns()
     from profiler.engine.drafters import DraftModelDrafter, NgramDrafter, SelfDrafter, ShadowDrafter
 
     if settings.method == "none":

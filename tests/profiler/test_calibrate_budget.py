@@ -13,6 +13,7 @@ import pytest
 
 from profiler.calibrate.budget import (END_MARGIN_S, LEVELS, Refinement, axis_levels, coarse_axis,
                                        measure_within_budget)
+from conftest import DRY_RUN, FORWARD_OPERATORS, REPO
 from sim.formats.bundle import load_bundle, table_from_rows
 
 TINY = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 64,
@@ -21,7 +22,7 @@ TINY = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_s
 # The operators a whole forward is composed of (profiler.calibrate.run.FORWARD_OPERATORS): enough
 # for the engine fits and a plain scenario's price, without the dearest others (8,192-token
 # prompts, SpecPV's partial attention, acceptance over 64 x 32 logits).
-FORWARD = "linear.qkv,linear.o,linear.gate_up,linear.down,elementwise,attention,attention_prefill,lm_head"
+FORWARD = FORWARD_OPERATORS
 
 
 def tiny_config(tmp_path: Path):
@@ -149,18 +150,18 @@ def test_a_budget_with_room_completes_the_grid_then_times_more_rounds(tmp_path, 
 
 # ---- end to end on SmolLM2 ----------------------------------------------------------------------
 
-BUDGET_S = 60.0
+BUDGET_S = float(DRY_RUN["CAL_BUDGET_S"])
 
 
 @pytest.fixture(scope="module")
-def budget_bundle(tmp_path_factory):
-    out = tmp_path_factory.mktemp("budget") / "bundle"
-    started = time.perf_counter()
-    run = subprocess.run([sys.executable, "-m", "profiler", "calibrate", "--device", "cpu", "--budget-s",
-                          str(BUDGET_S), "--operators", FORWARD, "--out", str(out)], capture_output=True, text=True)
-    wall_s = time.perf_counter() - started
-    assert run.returncode == 0, run.stderr[-2000:]
-    return out, run.stdout, wall_s
+def budget_bundle(gpu_check_dry_run):
+    """scripts/gpu-check.sh's calibration in its CPU dry run (tests/conftest.py): `profiler calibrate
+    --budget-s 60 --operators FORWARD` of SmolLM2's shape, its output and its wall time (the part's
+    seconds, the interpreter's start and exit included)."""
+    out = gpu_check_dry_run
+    seconds = {name: value for name, _, value in (line.split("\t") for line in
+                                                  (out / "parts.tsv").read_text().splitlines()[1:])}
+    return out / "calibration" / DRY_RUN["MODEL"], (out / "calibrate.log").read_text(), float(seconds["calibrate"])
 
 
 def test_budgeted_calibration_ends_in_its_budget_with_a_checked_bundle(budget_bundle):
@@ -215,7 +216,16 @@ def test_budgeted_bundle_prices_a_scenario_and_inspect_shows_the_budget(budget_b
                                              "--engine hf"),
     (["--budget-s", "60", "--engine", "vllm"], "error: --budget-s: applies to the live engine's operators"),
 ])
-def test_bad_budget_is_one_line(argv, message):
-    run = subprocess.run([sys.executable, "-m", "profiler", "calibrate", *argv], capture_output=True, text=True)
-    assert run.returncode == 2
-    assert run.stderr.startswith(message) and run.stderr.count("\n") == 1, run.stderr
+def test_bad_budget_is_one_line(argv, message, capsys, monkeypatch):
+    # The command's own entry point, in this process: the parsing, checks and error path of
+    # `python -m profiler calibrate`, without a process start each.
+    from profiler.cli import main
+
+    monkeypatch.chdir(REPO)
+    try:
+        code = main(["calibrate", *argv])
+    except SystemExit as exc:          # argparse's usage errors
+        code = exc.code
+    stderr = capsys.readouterr().err
+    assert code == 2
+    assert stderr.startswith(message) and stderr.count("\n") == 1, stderr

@@ -160,12 +160,11 @@ def test_a_head_shaped_draft_runs_its_forwards_and_shares_the_targets_lm_head(ti
 def test_a_draft_preset_of_another_vocabulary_is_one_line_once_the_target_is_known(tiny, tmp_path):
     from profiler.live.config import LiveConfig
     from profiler.live.run import make_drafter
-    from profiler.live.shared import SharedAcrossRuns
     from sim.errors import InputError
 
     settings = LiveConfig(method="synthetic", acceptance=(0.8,), draft_shape="smollm2-135m", out=tmp_path / "out")
     with pytest.raises(InputError, match="^--draft-shape: smollm2-135m's vocabulary 49152 differs from the target's 256$"):
-        make_drafter(settings, tiny[0], torch.float32, SharedAcrossRuns(), ("tiny",))
+        make_drafter(settings, tiny[0], torch.float32)
     # A campaign's YAML gives one rate as a number; the draft shape defaults to the head.
     assert LiveConfig(method="synthetic", acceptance=0.8, out=tmp_path / "o").acceptance == (0.8,)
     assert LiveConfig(method="synthetic", acceptance=0.8, out=tmp_path / "o").draft_shape == "head"

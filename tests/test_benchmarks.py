@@ -41,11 +41,10 @@ def test_serving_benchmark_reports_both_modes_and_methods():
 
     pytest.importorskip("torch")
     pytest.importorskip("gguf")
-    from conftest import SHARED_DATA
+    from conftest import DATA_MISSING, QUESTIONS as questions
 
-    questions = SHARED_DATA / "spec_bench_questions.jsonl"
     if not questions.exists():
-        pytest.skip(f"{questions} not present")
+        pytest.skip(DATA_MISSING)
     proc = subprocess.run([sys.executable, "benchmarks/bench_serving.py", "--prompts", str(questions), "--requests", "3",
                            "--batch", "2", "--max-new-tokens", "6", "--repeats", "1"],
                           cwd=REPO, capture_output=True, text=True, check=True)

@@ -6,18 +6,17 @@ import sys
 
 import pytest
 
-from conftest import REPO, SHARED_DATA
+from conftest import REPO, TEXT, needs_data
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 pd = pytest.importorskip("pandas")
 
-TEXT = SHARED_DATA / "pride_and_prejudice.txt"
 BUNDLE = REPO / "calibration" / "cpu-hf" / "smollm2-135m"
 
 
-@pytest.mark.skipif(not TEXT.exists(), reason="../shared/data not present")
+@needs_data
 def test_transformers_prompt_lookup_is_recorded_and_predicted(tmp_path):
     runs = {}
     for method in ("none", "ngram"):

@@ -2,7 +2,6 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -10,8 +9,6 @@ pytest.importorskip("torch")
 pd = pytest.importorskip("pandas")
 
 from conftest import REPO  # noqa: E402
-
-QUESTIONS = REPO.parent / "shared" / "data" / "spec_bench_questions.jsonl"
 
 
 def live(*args, cwd=REPO):

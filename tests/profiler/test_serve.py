@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SHARED_DATA
+from conftest import TEXT, needs_data
 from profiler.cli import main
 from profiler.serve.metrics import parse_spec_counters
 from sim.errors import InputError
@@ -98,6 +98,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, exported, fake_venv, capsys)
     assert not out.exists()
 
 
+@needs_data
 def test_several_runs_take_consecutive_prompts_and_folders_of_their_own(tmp_path, exported):
     from profiler.engine.loaders import _hf_tokenizer
     from profiler.serve.run import place_prompts, settings_of
@@ -105,7 +106,7 @@ def test_several_runs_take_consecutive_prompts_and_folders_of_their_own(tmp_path
     values = {"engine": "vllm", "model": exported, "venv": Path(".vllm-venv"), "server_bin": Path("x"),
               "parallel": None, "interleave": False, "method": "ngram", "k": [4],
               "prompt_lookup_min": 2, "prompt_lookup_max": 4, "batch": [1, 4], "rate": None, "limit": [2, 3],
-              "context": [256, 512], "text": SHARED_DATA / "pride_and_prejudice.txt", "max_new_tokens": 8, "baseline": False,
+              "context": [256, 512], "text": TEXT, "max_new_tokens": 8, "baseline": False,
               "dtype": "fp32", "threads": 2, "max_model_len": 2048, "port": 8391, "seed": 0, "out": tmp_path / "s"}
     configs = settings_of(dict(values))
     assert [c.out.name for c in configs] == ["ngram-k4-c256-b1", "ngram-k4-c256-b4", "ngram-k4-c512-b1",

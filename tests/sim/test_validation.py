@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import REPO, SHARED_DATA
+from conftest import QUESTIONS, REPO, TEXT, needs_data
+from sim.formats.provenance import repo_relative
 
 pd = pytest.importorskip("pandas")
 
@@ -21,7 +22,6 @@ from sim.errors import InputError  # noqa: E402
 from sim.validate.runs import LiveRun  # noqa: E402
 from sim.simulate import simulate  # noqa: E402
 
-TEXT = SHARED_DATA / "pride_and_prejudice.txt"
 
 
 def synthetic_run(tmp_path, name, accepted_by_request, depth=4, prompt=600, method="ngram", extra=None):
@@ -320,14 +320,14 @@ def test_every_committed_campaign_plans_cleanly(tmp_path):
     for name in campaign_names():
         campaign = read_campaign(name)
         planned = plan_runs(campaign, CampaignConfig(campaign=name, out=tmp_path / name, text=TEXT,
-                                                     prompts=SHARED_DATA / "spec_bench_questions.jsonl"), 2)
+                                                     prompts=QUESTIONS), 2)
         assert len(planned) == 2 * len(campaign["runs"]), name
         for _, _, settings in planned:
             if settings.head is not None:
                 assert (REPO / settings.head / "head.json").is_file(), (name, settings.head)
 
 
-@pytest.mark.skipif(not TEXT.exists(), reason="../shared/data not present")
+@needs_data
 def test_smoke_campaign_end_to_end_replays_and_fits(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("plotly")
@@ -341,7 +341,7 @@ def test_smoke_campaign_end_to_end_replays_and_fits(tmp_path):
     assert record["file"] == "profiler/campaigns/smoke.yaml" and set(record["wall_s"]) == set(record["runs"])
     arguments = json.loads((out / "none-c256-b2" / "meta.json").read_text())["arguments"]
     # Paths relative to the repository; long-context prompts come from the text, not a prompts file.
-    assert arguments["prompts"] is None and arguments["text"] == "../shared/data/pride_and_prejudice.txt"
+    assert arguments["prompts"] is None and arguments["text"] == repo_relative(TEXT)
     assert not arguments["out"].startswith("/") and arguments["out"].endswith("smoke/none-c256-b2")
     # The campaign's own bundle prices it: no --calibration needed.
     proc = validate(out, "--out", out, "--docs", docs)

@@ -23,7 +23,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from profiler.live.config import LiveConfig, check_config
-from profiler.live.shared import SharedAcrossRuns, group_rooms
+from profiler.live.shared import SharedAcrossRuns
 from sim.errors import InputError
 from sim.formats.campaign import failures, repeat_folder, wall_times, write_record
 
@@ -141,7 +141,7 @@ def run_campaign(config: CampaignConfig) -> None:
 
     # Every planned run sizes the caches, those a resume skips too: a resumed campaign's runs keep
     # the sizes they would have had.
-    shared = SharedAcrossRuns(rooms=group_rooms([s for _, _, s in planned]))
+    shared = SharedAcrossRuns.for_runs([s for _, _, s in planned])
     started = time.perf_counter()
     todo = [(repeat, name, s) for repeat, name, s in planned if not s.out.exists()]
     for repeat, name, settings in tqdm(todo, desc=f"campaign {campaign['name']}", unit="run"):

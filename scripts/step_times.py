@@ -93,6 +93,8 @@ def main(argv: list[str]) -> int:
             print("error: --read-gb-s takes a bandwidth in GB/s", file=sys.stderr)
             return 2
         argv = argv[:at] + argv[at + 2:]
+        if read_gb_s <= 0:          # gpu-check.sh writes 0 when its copy could not be measured
+            read_gb_s = None
     runs = []
     for a in map(Path, argv):        # a campaign folder stands for its run folders
         runs += sorted(p.parent for p in a.glob("*/steps.parquet")) if not (a / "steps.parquet").exists() else [a]

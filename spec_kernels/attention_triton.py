@@ -14,8 +14,8 @@ more splits, so a batch of a few requests still fills the GPU. A program takes a
 The host side is two launches and no wait on the GPU: on an H200 the earlier wrapper's twenty or so
 eager PyTorch launches and a read-back of kv_lens cost 470-780 us a call, several times the
 kernel (docs/performance.md). What changes from step to step is a runtime argument Triton does not
-specialise on (RUNTIME_INTS: the query length, split count, padding, and the strides that follow
-the query length or a partial index's length), so a kernel compiles once per (dtype, GQA group,
+specialise on (SPLIT_RUNTIME_INTS, COMBINE_RUNTIME_INTS: the query length, split count, padding, and
+the strides that follow the query length or a partial index's length), so a kernel compiles once per (dtype, GQA group,
 head dim, row tile, tree, index): `warm_up` compiles all of them before anything is timed, and a
 SpecPV re-feed of 26-31 tokens or an index whose length changes every step compiles nothing
 (spec_kernels/variants.py counts what a launch would compile).
@@ -206,8 +206,8 @@ def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, kv_lens: Tensor, *, t
     return out
 
 
-SPLIT_VARIANTS = KernelVariants(_split_attention.fn, SPLIT_RUNTIME_INTS)
-COMBINE_VARIANTS = KernelVariants(_combine_splits.fn, COMBINE_RUNTIME_INTS)
+SPLIT_VARIANTS = KernelVariants(_split_attention, SPLIT_RUNTIME_INTS)
+COMBINE_VARIANTS = KernelVariants(_combine_splits, COMBINE_RUNTIME_INTS)
 
 
 def row_tile(group: int, q_len: int) -> int:

@@ -74,4 +74,4 @@ def quant_matmul(x: Tensor, packed: dict) -> Tensor:
     return y.to(x.dtype).reshape(*lead, N)
 
 
-VARIANTS = KernelVariants(_quant_matmul.fn, ("M",))
+VARIANTS = KernelVariants(_quant_matmul, ("M",))

@@ -4,23 +4,24 @@ Triton compiles a kernel once per specialisation of its arguments: every constex
 tensor's dtype and whether its address is 16-byte aligned, each integer's width (32 or 64 bits),
 whether it is divisible by 16, and an integer equal to 1 as a constant (unless the kernel lists it
 in `do_not_specialize`). The first launch of a new specialisation compiles (0.6-3 s a variant on an
-H200), which inside a timed 25 ms step is a spoiled measurement. The launchers here note every
-launch's specialisation by those same rules (`specialisation`, checked against Triton's own
-`native_specialize_impl` in the tests), so a caller can count the variants first met while it
-timed something (`variants_met`) on a GPU and, under the CPU interpreter that compiles nothing,
-alike.
+H200), which inside a timed 25 ms step is a spoiled measurement. A caller counts the variants first
+met while it timed something (`variants_met`): on a GPU from Triton's own per-device caches of the
+kernels registered here (each compiled variant, or one loaded from Triton's disk cache, is an
+entry), at no cost to a launch; under the CPU interpreter, which compiles nothing, by keying every
+launch by those same rules (`specialisation`, checked against Triton's own `native_specialize_impl`
+in the tests).
 """
 from __future__ import annotations
 
 import inspect
-from typing import Callable
 
-_met: set[tuple] = set()
+_met: set[tuple] = set()          # interpreted launches' keys
+_compiled: list = []               # JIT kernels whose own caches count their variants
 
 
 def variants_met() -> int:
     """Distinct kernel variants launched in this process so far (each one a compile on a GPU)."""
-    return len(_met)
+    return len(_met) + sum(len(entry[0]) for kernel in _compiled for entry in kernel.device_caches.values())
 
 
 def integer_specialisation(value: int, specialise: bool) -> tuple:
@@ -55,14 +56,19 @@ TRITON_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "floa
 
 
 class KernelVariants:
-    """The argument names of a @triton.jit function and those it does not specialise: what
-    `note_launch` needs to key a launch."""
+    """A @triton.jit kernel registered for `variants_met`: compiled, counted by its own caches;
+    interpreted, by `note_launch`, which keys a launch from the kernel's argument names and those it
+    does not specialise."""
 
-    def __init__(self, fn: Callable, do_not_specialize: tuple[str, ...] = ()):
-        parameters = inspect.signature(fn).parameters.values()
-        self.name = fn.__name__
+    def __init__(self, kernel, do_not_specialize: tuple[str, ...] = ()):
+        parameters = inspect.signature(kernel.fn).parameters.values()
+        self.name = kernel.fn.__name__
         self.arguments = [p.name for p in parameters if "constexpr" not in str(p.annotation)]
         self.do_not_specialize = frozenset(do_not_specialize)
+        # Triton's JITFunction keeps {device: (compiled kernels by key, ...)}; its interpreter none.
+        self.compiled = isinstance(getattr(kernel, "device_caches", None), dict)
+        if self.compiled:
+            _compiled.append(kernel)
 
     def specialisation(self, args: tuple, constexprs: dict) -> tuple:
         """The launch's compile key: each argument's specialisation, then the constexprs."""
@@ -73,4 +79,6 @@ class KernelVariants:
         return (self.name, keys, tuple(sorted(constexprs.items())))
 
     def note_launch(self, args: tuple, constexprs: dict) -> None:
-        _met.add(self.specialisation(args, constexprs))
+        """Under the interpreter, key the launch (about 25 us of Python: never on a compiled path)."""
+        if not self.compiled:
+            _met.add(self.specialisation(args, constexprs))

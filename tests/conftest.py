@@ -102,7 +102,8 @@ def small_draft(model, layers: int):
 FORWARD_OPERATORS = "linear.qkv,linear.o,linear.gate_up,linear.down,elementwise,attention,attention_prefill,lm_head"
 DRY_RUN = {"DEVICE": "cpu", "DTYPE": "fp32", "MODEL": "smollm2-135m", "BATCHES": "1 2", "CORE_BATCHES": "1", "KS": "3",
            "ACCEPTANCES": "0.8 0.6", "CONTEXT": "128", "NEW_TOKENS": "12", "SPECPV_CONTEXT": "768",
-           "SPECPV_BUDGET": "256", "CAL_BUDGET_S": "60", "CAL_OPERATORS": FORWARD_OPERATORS, "LIVE_TIMEOUT": "240",
+           "SPECPV_BUDGET": "256", "CAL_BUDGET_S": "60", "CAL_OPERATORS": FORWARD_OPERATORS, "CAL_TIMEOUT": "120",
+           "LIVE_TIMEOUT": "240",
            "REST_TIMEOUT": "240", "SPECPV_TIMEOUT": "240", "VALIDATE_TIMEOUT": "120",
            "PARTS": "live calibrate live-rest specpv validate"}
 

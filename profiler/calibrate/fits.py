@@ -182,10 +182,12 @@ class EngineProbe:
         prompt = query > 64 and kv == query      # a whole prompt: the engine's prefill path
         forward = lambda: self.model(tokens, positions, logits_at=logits_at, prompt=prompt)    # noqa: E731
         if device == "cuda" and query <= 64:       # decode and verification (the engine's small queries)
-            # The attention kernel splits a request's keys by its cache's length, which a graph fixes
-            # at capture: time it on a cache as long as a live run's at this KV (kv + 1 slots; the
-            # engine sizes its cache for the run), not on the probe's longest (2,049 slots made 8
-            # splits at batch 1 where a 590-slot live cache makes 2).
+            # The attention kernel splits a request's keys by its cache's length (a split per 256
+            # slots), which a graph fixes at capture: time it on a cache of kv + 1 slots, as long as
+            # the KV it reads, not on the probe's longest (2,049 slots made 8 splits at batch 1 where
+            # a live run's 590-slot cache makes 2). A live cache also holds the run's later tokens
+            # and its room (some 80 slots at 64 new tokens), which changes the count only where kv
+            # lies that close below a multiple of 256.
             for layer in self.model.layers:
                 attention = layer.attention
                 attention.k_cache, attention.v_cache = attention.k_cache[:, :, :kv + 1], attention.v_cache[:, :, :kv + 1]

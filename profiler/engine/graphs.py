@@ -97,6 +97,14 @@ class StepGraphs:
     def model(self) -> Llama:
         return self.model_ref()
 
+    def __deepcopy__(self, memo) -> "StepGraphs":
+        """A copied model's graphs: none captured yet, bound to the copy (a graph replays the memory
+        it captured, the original's), which `copy.deepcopy` has made before it copies this."""
+        copy = memo.get(id(self.model))
+        if copy is None:
+            raise ValueError("StepGraphs are copied with their model (copy.deepcopy of the model)")
+        return StepGraphs(weakref.ref(copy), cuda=self.cuda, exact_rows=self.exact_rows)
+
     @torch.inference_mode()
     def forward(self, tokens: Tensor, positions: Tensor, slots: Tensor, kernel: KernelLayout,
                 logits_at: Tensor) -> Tensor | None:

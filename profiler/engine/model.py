@@ -379,15 +379,17 @@ def fp32_logits(x: Tensor, weight: Tensor) -> Tensor:
     token in ten or so is a tie that the accumulation order of another GEMM tiling breaks the other
     way: a decode and a verification of the same token would choose differently. On CUDA cuBLAS
     writes fp32 from 16-bit inputs at the 16-bit GEMM's speed (torch.mm's out_dtype); the CPU has no
-    such kernel and multiplies fp32 copies."""
+    such kernel and multiplies by an fp32 copy of the weight, made once while the weight is unchanged
+    (its version), kept on the weight."""
     if x.dtype == torch.float32 and weight.dtype == torch.float32:
         return F.linear(x, weight)
-    flat = x.reshape(-1, x.shape[-1])
     if x.is_cuda:
-        out = torch.mm(flat, weight.t(), out_dtype=torch.float32)
-    else:
-        out = torch.mm(flat.float(), weight.float().t())
-    return out.reshape(*x.shape[:-1], weight.shape[0])
+        out = torch.mm(x.reshape(-1, x.shape[-1]), weight.t(), out_dtype=torch.float32)
+        return out.reshape(*x.shape[:-1], weight.shape[0])
+    copy = getattr(weight, "fp32_copy", None)
+    if copy is None or copy[0] != weight._version:
+        copy = weight.fp32_copy = (weight._version, weight.detach().float())
+    return F.linear(x.float(), copy[1])
 
 
 def causal_mask(positions: Tensor, slots: int) -> Tensor:

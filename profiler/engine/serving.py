@@ -266,9 +266,14 @@ def compile_kernels(model: Llama, drafter: Drafter | None, max_query_tokens: int
 
 
 def needed_cache_tokens(prompts: list[list[int]], max_new_tokens: int, nodes: int, partial: PartialSpec | None) -> int:
-    """KV slots a run of these prompts needs: the longest prompt and output, a step's drafts twice
-    (the tree's slots, then the accepted path moved), SpecPV's re-feed padding and the trash slot."""
-    return max(len(p) for p in prompts) + max_new_tokens + 2 * (nodes + 1) + refeed_room(partial, nodes) + 2
+    """KV slots a run of these prompts needs: the longest prompt and output, and `room_past_output`."""
+    return max(len(p) for p in prompts) + max_new_tokens + room_past_output(nodes, partial)
+
+
+def room_past_output(nodes: int, partial: PartialSpec | None) -> int:
+    """KV slots a row needs past its prompt and output: a step's drafts twice (the tree's slots, then
+    the accepted path moved), SpecPV's re-feed padding and the trash slot."""
+    return 2 * (nodes + 1) + refeed_room(partial, nodes) + 2
 
 
 def _captures(models: list[Llama]) -> tuple[int, float]:

@@ -308,7 +308,8 @@ def run_live(settings: LiveConfig, shared: SharedAcrossRuns | None = None, quiet
         from profiler.engine.synthetic import record_continuations
 
         drafter.records = shared.records_for(
-            (*target_key, settings.batch, cache_tokens, tok.eos_id), prompts, settings.max_new_tokens + depth,
+            (*target_key, settings.batch, cache_tokens, tok.eos_id), prompts,
+            settings.max_new_tokens + shared.depth_for(settings),
             lambda tokens: record_continuations(model, prompts, tokens, 0, settings.batch, tok.eos_id, cache_tokens))
     policy, step_pricer = make_policy(settings, config, prompts) if drafter is not None else (None, None)
     if settings.device == "cuda":        # every kernel variant the run can launch, compiled before it is timed

@@ -18,17 +18,16 @@ NOT_LAUNCH_SHAPING = frozenset({"acceptance", "out", "probe", "baseline", "check
 
 
 def room_tokens(settings: LiveConfig) -> int:
-    """KV slots a run needs past its prompt and output: a step's drafts twice (the tree's slots, then
-    the accepted path moved), SpecPV's re-feed padding and the trash slot (profiler.engine.serving's
-    needed_cache_tokens)."""
+    """KV slots a run needs past its prompt and output (profiler.engine.serving.room_past_output)."""
+    from profiler.engine.partial import PartialSpec
+    from profiler.engine.serving import room_past_output
+
     if settings.method == "none":
-        drafted = 0
-    else:
-        drafted = settings.tree[0] * settings.tree[1] if settings.tree is not None else settings.k
-    refeed = 0
-    if settings.budget is not None and settings.method != "none":
-        refeed = settings.period * (drafted + 1) if settings.period_unit == "steps" else settings.period + drafted + 1
-    return 2 * (drafted + 1) + refeed + 2
+        return room_past_output(0, None)
+    drafted = settings.tree[0] * settings.tree[1] if settings.tree is not None else settings.k
+    partial = (PartialSpec(settings.budget, period=settings.period, period_unit=settings.period_unit)
+               if settings.budget is not None else None)
+    return room_past_output(drafted, partial)
 
 
 def cache_group(settings: LiveConfig) -> tuple:
@@ -39,13 +38,19 @@ def cache_group(settings: LiveConfig) -> tuple:
             settings.max_new_tokens, settings.tokenizer)
 
 
-def group_rooms(runs: list[LiveConfig]) -> dict[tuple, int]:
-    """Each cache group's room: the most any of its runs needs."""
-    rooms: dict[tuple, int] = {}
+def draft_depth(settings: LiveConfig) -> int:
+    """Tokens a step drafts in a row (a chain's k, a tree's depth): how far past its output a synthetic
+    run's record must reach."""
+    return settings.tree[1] if settings.tree is not None else settings.k
+
+
+def group_most(runs: list[LiveConfig], of) -> dict[tuple, int]:
+    """Each cache group's largest `of(settings)` among its runs."""
+    most: dict[tuple, int] = {}
     for settings in runs:
         key = cache_group(settings)
-        rooms[key] = max(rooms.get(key, 0), room_tokens(settings))
-    return rooms
+        most[key] = max(most.get(key, 0), of(settings))
+    return most
 
 
 @dataclass
@@ -54,11 +59,22 @@ class SharedAcrossRuns:
     models: dict = field(default_factory=dict)       # (model, dtype, seed, device) -> LoadedModel
     drafts: dict = field(default_factory=dict)       # (target key, draft shape, seed) -> Drafter | None
     records: dict = field(default_factory=dict)      # (target key, batch, cache, eos, prompts) -> (tokens, records)
-    launches: dict = field(default_factory=dict)     # (target key, cache, launch-shaping settings) -> (run, counts)
-    rooms: dict = field(default_factory=dict)        # cache_group -> room tokens (group_rooms)
+    launches: dict = field(default_factory=dict)     # (target key, launch-shaping settings) -> (run, counts)
+    rooms: dict = field(default_factory=dict)        # cache_group -> the most room tokens its runs need
+    depths: dict = field(default_factory=dict)       # cache_group -> its synthetic runs' deepest draft
+
+    @classmethod
+    def for_runs(cls, runs: list[LiveConfig]) -> "SharedAcrossRuns":
+        """What `runs` will share, sized for all of them: each cache group's room, and its synthetic
+        runs' deepest draft (their records recorded once, that far past the output)."""
+        synthetic = [s for s in runs if s.method == "synthetic"]
+        return cls(rooms=group_most(runs, room_tokens), depths=group_most(synthetic, draft_depth))
 
     def room_for(self, settings: LiveConfig) -> int:
         return max(room_tokens(settings), self.rooms.get(cache_group(settings), 0))
+
+    def depth_for(self, settings: LiveConfig) -> int:
+        return max(draft_depth(settings), self.depths.get(cache_group(settings), 0))
 
     def records_for(self, key: tuple, prompts: list[list[int]], tokens: int, record) -> dict:
         """The recorded greedy continuations of these prompts, at least `tokens` long, from an

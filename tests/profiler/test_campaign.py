@@ -12,7 +12,7 @@ pytest.importorskip("gguf")
 
 from conftest import REPO  # noqa: E402
 from profiler.live.config import LiveConfig  # noqa: E402
-from profiler.live.shared import SharedAcrossRuns, group_rooms, room_tokens  # noqa: E402
+from profiler.live.shared import SharedAcrossRuns, room_tokens  # noqa: E402
 
 
 def settings(tmp_path, name, **fields) -> LiveConfig:
@@ -25,9 +25,10 @@ def test_the_runs_of_a_batch_share_the_largest_room_any_of_them_needs(tmp_path):
             settings(tmp_path, "k5", method="synthetic", acceptance=0.8, k=5),
             settings(tmp_path, "k5-b4", method="synthetic", acceptance=0.8, k=5, batch=4, limit=4)]
     assert [room_tokens(s) for s in runs] == [4, 10, 14, 14]
-    shared = SharedAcrossRuns(rooms=group_rooms(runs))
+    shared = SharedAcrossRuns.for_runs(runs)
     assert [shared.room_for(s) for s in runs] == [14, 14, 14, 14]
-    alone = SharedAcrossRuns(rooms=group_rooms(runs[:2]))
+    assert [shared.depth_for(s) for s in runs] == [5, 5, 5, 5]         # records reach the deepest draft
+    alone = SharedAcrossRuns.for_runs(runs[:2])
     assert [alone.room_for(s) for s in runs] == [10, 10, 14, 14]
     specpv = settings(tmp_path, "specpv", method="synthetic", acceptance=0.8, k=3, budget=64, period=20)
     assert room_tokens(specpv) == 10 + 20 + 3 + 1
@@ -39,7 +40,7 @@ def test_runs_sharing_a_process_build_the_head_record_and_count_launches_once(tm
     runs = [settings(tmp_path, "none", method="none"),
             settings(tmp_path, "a0.8", method="synthetic", acceptance=0.8, k=3),
             settings(tmp_path, "a0.6", method="synthetic", acceptance=0.6, k=3)]
-    shared = SharedAcrossRuns(rooms=group_rooms(runs))
+    shared = SharedAcrossRuns.for_runs(runs)
     for run in runs:
         run_live(run, shared=shared, quiet=True)
     assert len(shared.models) == 1 and len(shared.drafts) == 1 and len(shared.records) == 1

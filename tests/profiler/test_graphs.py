@@ -52,10 +52,15 @@ def test_padded_static_buffers_give_the_eager_kernel_paths_tokens(make):
 def test_a_warm_up_sized_like_the_run_keeps_its_cache_and_buffers_for_the_run():
     model = small_model()
     needed = max(len(p) for p in PROMPTS) + 10 + 2 * 4 + 2
-    serving.speculative_generate(model, PROMPTS, 2, drafters.NgramDrafter(), k=3, use_kernels=True, use_graphs=True, cache_tokens=needed)
+    warm = serving.speculative_generate(model, PROMPTS, 2, drafters.NgramDrafter(), k=3, use_kernels=True,
+                                        use_graphs=True, cache_tokens=needed)
     cache = model.layers[0].attention.k_cache
     buffers = {key: entry.tokens for key, entry in model.step_graphs.captured.items()}
-    serving.speculative_generate(model, PROMPTS, 10, drafters.NgramDrafter(), k=3, use_kernels=True, use_graphs=True, cache_tokens=needed)
+    run = serving.speculative_generate(model, PROMPTS, 10, drafters.NgramDrafter(), k=3, use_kernels=True,
+                                       use_graphs=True, cache_tokens=needed)
+    # What the run waited on, as meta.json records it: the warm-up captured, the run captured nothing
+    # and met no kernel variant the warm-up had not.
+    assert warm.graph_captures > 0 and run.graph_captures == 0 and run.kernel_variants == 0
     assert model.layers[0].attention.k_cache is cache
     assert all(model.step_graphs.captured[key].tokens is tokens for key, tokens in buffers.items())
     # A run needing a longer cache gets a new one, and the buffers bound to the old one are dropped.
@@ -123,6 +128,18 @@ def test_a_policys_shapes_are_captured_after_serve_made_the_cache_under_inferenc
     assert {(rows, T) for rows, T in model.step_graphs.captured if T == 5} == {(1, 5), (2, 5)}
     assert model.step_graphs.captures == captures + 2
     graphs.disable_graphs(model)
+
+
+def test_a_copied_models_graphs_run_the_copy_not_the_original():
+    import copy
+
+    model = small_model()
+    serving.speculative_generate(model, PROMPTS[:2], 2, None, use_kernels=True, use_graphs=True)
+    twin = copy.deepcopy(model)
+    assert twin.step_graphs.model is twin and twin.step_graphs.captured == {}
+    assert model.step_graphs.model is model and model.step_graphs.captured
+    graphs.disable_graphs(model)
+    graphs.disable_graphs(twin)
 
 
 def test_a_discarded_model_is_freed_at_once_though_its_graphs_point_back_at_it():

@@ -44,6 +44,9 @@ COARSE_INTERIOR = 3
 # many seconds more for the summary, the process's exit and the interpreter's start before
 # calibrate() began counting.
 TAIL_SAFETY = 1.5
+# The time kept for the held-out points' second timing: their first timings' sum this many times
+# over, so that a shared machine's slower spell does not leave the last of them with its first alone.
+RETIME_SLACK = 1.25
 END_MARGIN_S = 3.0
 # How far the observed / projected ratio of the steps' times may correct the next projection.
 RATIO_BOUNDS = (0.5, 4.0)
@@ -251,7 +254,9 @@ class BudgetedRun:
         self.retime = [self.held_keys[int(i)] for i in self.timing.rng.permutation(len(self.held_keys))]
 
     def retime_s(self) -> float:
-        return sum(self.timing.wall_s[k] for k in self.retime) * self.ratio()
+        """The time kept for the held-out points still to time again, with RETIME_SLACK for a
+        point that runs over its first timing."""
+        return sum(self.timing.wall_s[k] for k in self.retime) * self.ratio() * RETIME_SLACK
 
     def refine(self) -> None:
         """Turns: the next step of each operator with values left at the coarsest level any has
@@ -283,7 +288,9 @@ class BudgetedRun:
             self.bar.total += len(keys)
             self.bar.set_postfix_str(f"{LEVELS[level]} level, {len(turn)} operator{'s' if len(turn) > 1 else ''}")
             turn_started = time.perf_counter()
-            done = timing.time_keys(keys, self.stop_at, self.project, self.bar)
+            # A turn that runs over its projection is cut where it would eat into the time kept for
+            # the held-out points still to time again (its unfinished lines dropped below).
+            done = timing.time_keys(keys, self.stop_at - self.retime_s(), self.project, self.bar)
             for op, dim, value, step in turn:
                 if done.issuperset(step):
                     refinement.add(op, dim, value)

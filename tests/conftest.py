@@ -98,11 +98,11 @@ def small_draft(model, layers: int):
 # scripts/gpu-check.sh's dry run on the CPU: SmolLM2's shape with random weights; batch 1 in the first
 # live part, batch 2 in the rest, two synthetic settings, SpecPV at 768 tokens; a budgeted calibration
 # of the operators a whole forward is composed of (profiler.calibrate.run.FORWARD_OPERATORS), which
-# tests/profiler/test_calibrate_budget.py checks too: one 60 s calibration serves both.
+# tests/profiler/test_calibrate_budget.py checks too: one 45 s calibration serves both.
 FORWARD_OPERATORS = "linear.qkv,linear.o,linear.gate_up,linear.down,elementwise,attention,attention_prefill,lm_head"
 DRY_RUN = {"DEVICE": "cpu", "DTYPE": "fp32", "MODEL": "smollm2-135m", "BATCHES": "1 2", "CORE_BATCHES": "1", "KS": "3",
            "ACCEPTANCES": "0.8 0.6", "CONTEXT": "128", "NEW_TOKENS": "12", "SPECPV_CONTEXT": "768",
-           "SPECPV_BUDGET": "256", "CAL_BUDGET_S": "60", "CAL_OPERATORS": FORWARD_OPERATORS, "CAL_TIMEOUT": "120",
+           "SPECPV_BUDGET": "256", "CAL_BUDGET_S": "45", "CAL_OPERATORS": FORWARD_OPERATORS, "CAL_TIMEOUT": "120",
            "LIVE_TIMEOUT": "240",
            "REST_TIMEOUT": "240", "SPECPV_TIMEOUT": "240", "VALIDATE_TIMEOUT": "120",
            "PARTS": "live calibrate live-rest specpv validate"}

@@ -5,19 +5,22 @@ Leviathan et al. (2023): with i.i.d. acceptance a, k drafts per step and draft/t
 assuming a verification of k+1 tokens costs one target decode. MagicDec (Chen et al. 2024) drops
 that premise and writes the speedup with measured ratios:
     speedup = E[tokens] / (k T_draft / T_target + T_verify(k) / T_target).
-`steady_state` prices T_target, T_draft and T_verify for one request at one context with the
-scenario's own cost model, so the SimPy model and the closed form share every cost term.
+`steady_state` prices T_target, T_draft and T_verify for one request at one context through the
+simulator's own step planner and pricer, so the SimPy model and the closed form share every cost
+term and every forward a step runs.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.cost.batch import DECODE, DRAFT, VERIFY, PHASES, Group, uniform_group
-from sim.cost.memory import draft_offloaded_layers, plan_memory
-from sim.cost.model import cost_model_for
+from sim.cost.batch import PHASES
+from sim.cost.memory import plan_memory
+from sim.cost.model import CostModel, cost_model_for
 from sim.cost.stack import build_stacks
 from sim.scenario.load import load_scenario
 from sim.scenario.schema import Scenario
+from sim.slots import DecodeSlots
+from sim.step import StepPlan, plan_step, price, step_config
 
 
 def expected_tokens_per_step(rate: float, k: int) -> float:
@@ -54,7 +57,11 @@ class SteadyState:
 
 
 def steady_state(scenario: Scenario | dict | str, context_tokens: int, tokens_per_step: float) -> SteadyState:
-    """Price one request's AR and SD steps at `context_tokens` with the scenario's cost model.
+    """Price one request's AR and SD steps at `context_tokens` with the scenario's cost model,
+    through the simulator's own step planner and pricer (sim/step.py: plan_step, price): the
+    baseline's decode step; the speculative step's drafting (its draft forwards or host lookup,
+    and the engine's speculative host work), a drafter with its own KV first catching up on the
+    `tokens_per_step` the last step committed; its verification of k + 1 tokens.
 
     Chains only (a tree's draft forwards carry `width` tokens; the closed forms assume one).
     """
@@ -62,38 +69,26 @@ def steady_state(scenario: Scenario | dict | str, context_tokens: int, tokens_pe
     spec = scenario.speculation
     if spec.tree is not None or spec.partial_verify is not None:
         raise ValueError("steady_state covers chain speculation with full verification")
-    shares = [0.0] * len(PHASES)
-    stacks = build_stacks(scenario)
-    base_stacks = build_stacks(scenario.with_method_none())
-    tokens = context_tokens + spec.verify_tokens
-    memory = plan_memory(scenario, stacks, tokens, 1)
-    base_memory = plan_memory(scenario.with_method_none(), base_stacks, tokens, 1)
-    cost = cost_model_for(scenario)
-
-    target = cost.step_overhead(1, shares) + cost.forward(
-        base_stacks.target, [uniform_group(DECODE, 1, 1, context_tokens)], shares,
-        offloaded_layers=base_memory.offloaded_layers)
+    baseline = scenario.with_method_none()
     k = spec.num_speculative_tokens
-    V = k + 1                                  # a chain of k (a route or combine drafter aside)
-    verify = cost.step_overhead(1, shares, V) + cost.forward(
-        stacks.target, [uniform_group(VERIFY, 1, V, context_tokens + V - 1)], shares,
-        offloaded_layers=memory.offloaded_layers)
-    if stacks.draft is None:
-        draft = cost.host_draft(1, shares, context_tokens)
-    elif spec.method == "medusa":
-        draft = cost.forward(stacks.draft, [uniform_group(DRAFT, 1, 1, context_tokens)], shares)
-    else:
-        # The first draft forward of a drafter with its own KV catches up on a step's commits.
-        q_first = tokens_per_step if stacks.draft_owns_kv else 1
-        first = Group(phase=DRAFT, requests=1, tokens=q_first, query_max=V, kv_tokens_sum=context_tokens,
-                      logits_tokens=1)
-        streamed = draft_offloaded_layers(scenario, memory)
-        draft = cost.forward(stacks.draft, [first], shares, offloaded_layers=streamed)
-        if k > 1:
-            # Draft forward j reads j drafted tokens besides the context; j = 1 .. k-1 averages k/2.
-            draft += cost.forward(stacks.draft, [uniform_group(DRAFT, 1, 1, context_tokens + k / 2)],
-                                  shares, offloaded_layers=streamed, repeat=k - 1)
-    # The engine's host work of a speculative step: its own and each draft forward's floor.
-    forwards = 0 if stacks.draft is None else 1 if spec.method == "medusa" else k
-    draft += cost.speculation_overhead(1, forwards, shares)
-    return SteadyState(target, draft, verify, tokens_per_step, k)
+    target_plan, base_cost = _one_request_step(baseline, context_tokens, 0, None)
+    # A drafter with its own KV catches up on what a step commits: k + 1 positions, tokens_per_step of them kept.
+    plan, cost = _one_request_step(scenario, context_tokens, k, (k + 1, tokens_per_step))
+    *drafting, verification = plan
+    shares = [0.0] * len(PHASES)
+    return SteadyState(target_step_s=price(target_plan, base_cost, shares),
+                       draft_step_s=price(drafting[1:], cost, shares),
+                       verify_step_s=price([plan[0], verification], cost, shares),
+                       tokens_per_step=tokens_per_step, k=k)
+
+
+def _one_request_step(scenario: Scenario, context_tokens: int, k: int, catch_up) -> tuple[StepPlan, CostModel]:
+    """The plan of a step drafting k for one request at `context_tokens` (k = 0: a plain decode
+    step), and the cost model that prices it."""
+    stacks = build_stacks(scenario)
+    memory = plan_memory(scenario, stacks, context_tokens + scenario.speculation.verify_tokens, 1)
+    cost = cost_model_for(scenario)
+    config = step_config(scenario, stacks, memory, cost, speculative=k > 0)
+    slots = DecodeSlots(1)
+    slots.hold([context_tokens])
+    return plan_step(config, config.shape(k), slots, 1, catch_up=catch_up), cost

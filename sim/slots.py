@@ -20,6 +20,18 @@ class DecodeSlots:
     # selected: SpecPV partial cache holds a selection (0/1); admit: admission order (preemption);
     # final: SpecPV rectify's last check before the request ends is due (0/1); idle: a static
     # batch's row whose request is done but which runs on, padding, until the batch ends (0/1).
+    # Each a row of `state`, set in __init__ (declared here for the type checker).
+    rid: np.ndarray
+    ctx: np.ndarray
+    finish: np.ndarray
+    steps: np.ndarray
+    last: np.ndarray
+    since: np.ndarray
+    steps_since: np.ndarray
+    selected: np.ndarray
+    admit: np.ndarray
+    final: np.ndarray
+    idle: np.ndarray
 
     def __init__(self, capacity: int):
         self.n = 0

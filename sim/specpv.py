@@ -16,19 +16,20 @@ from dataclasses import replace
 import numpy as np
 
 from sim.cost.batch import FULL, PARTIAL, VERIFY, Group, uniform_group
+from sim.cost.work import Pricer, Selection, WorkItem
 from sim.scenario.speculation import Disagreement, PartialVerify
 from sim.slots import INT, DecodeSlots
 
 
-def plan_partial_verify(pv: PartialVerify, target, verify_tokens: int, pad_ragged: bool, slots: DecodeSlots,
+def plan_partial_verify(pv: PartialVerify, target: Pricer, verify_tokens: int, pad_ragged: bool, slots: DecodeSlots,
                         n: int, ctx: np.ndarray, span: np.ndarray, groups: list[Group]):
     """Split decoding slots 0..n-1 into full-attention, partial and full-refresh groups (appended
     to `groups`, the target forward's); ctx: each row's own context; span: the context its full
-    attention reads. Returns the block selection's calls (the target's pricer, then its
-    `selection` arguments but the shares) and the rows' full and partial masks [n]."""
+    attention reads. Returns the block selections (sim/cost/work.py Selection) and the rows' full
+    and partial masks [n]."""
     s, V = slots, verify_tokens
     own = len(groups)                  # groups from here on are this method's
-    selections = []
+    selections: list[WorkItem] = []
     eligible = ctx > pv.static_tokens
     period_reached = (s.since[:n] if pv.period_unit == "tokens" else s.steps_since[:n]) >= pv.period
     full = eligible & (period_reached | (s.selected[:n] == 0))
@@ -43,15 +44,18 @@ def plan_partial_verify(pv: PartialVerify, target, verify_tokens: int, pad_ragge
         groups.append(uniform_group(PARTIAL, len(kv), V, int(kv.sum()), kv_tokens=kv))
         if pv.reselect == "step":
             # Quest: every partial step scores the blocks with its own queries.
-            selections.append((target, len(kv), int(ctx[partial].sum()), len(kv) * V, pv.budget, pv.block, "scores"))
+            selections.append(Selection(pricer=target, requests=len(kv), context_sum=int(ctx[partial].sum()),
+                                        query_tokens_sum=len(kv) * V, budget_tokens=pv.budget, block_tokens=pv.block,
+                                        part="scores"))
     if full.any():
         # Re-feed the tokens accepted since the refresh, then verify the new drafts.
         q = s.since[:n][full] + V
         kv = span[full] + V - 1
         groups.append(Group(phase=FULL, requests=len(q), tokens=int(q.sum()), query_max=int(q.max()),
                             kv_tokens_sum=int(kv.sum()), logits_tokens=int(q.sum()), query_tokens=q, kv_tokens=kv))
-        selections.append((target, len(q), int(ctx[full].sum()) + len(q) * (V - 1), int(q.sum()), pv.budget, pv.block,
-                           "refresh" if pv.reselect == "refresh" else "summaries"))
+        selections.append(Selection(pricer=target, requests=len(q), context_sum=int(ctx[full].sum()) + len(q) * (V - 1),
+                                    query_tokens_sum=int(q.sum()), budget_tokens=pv.budget, block_tokens=pv.block,
+                                    part="refresh" if pv.reselect == "refresh" else "summaries"))
         if pad_ragged:
             # A static-shape engine runs every row of this step at the longest row's tokens.
             longest = int(q.max())

@@ -13,31 +13,38 @@ block selection, sim/specpv.py). k is an argument, never state: goodput prices e
 through the same two functions (`price_decode_steps`), and so does a live engine choosing k as it
 runs (sim/step_price.py).
 
-Work items are tuples, the first element their kind; a forward names its stack's pricer (the cost
-model's, sim/cost/model.py: a plan is priced by the cost model its configuration was built with)
-and its arguments in the pricer's order (a uniform forward's: phase, requests, query tokens each,
-KV tokens in all, then tokens, logits_tokens, context, kv_offset, offloaded_layers, kv_offloaded,
-repeat and the step's k for a draft). `price` sums them in order (a nested list is a subtotal,
-summed first), so the floating-point sum is the same as the step's terms added up one after
-another.
+Work items are values (sim/cost/work.py): the host's work, forwards and selections; a forward
+names its stack's pricer (the cost model's, sim/cost/model.py: a plan is priced by the cost model
+its configuration was built with). `price` sums them in order (a Subtotal's items first), so the
+floating-point sum is the same as the step's terms added up one after another.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol, cast
 
 import numpy as np
 
 from sim.cost.batch import DECODE, DRAFT, PHASES, VERIFY, Group, prefill_group, uniform_group
 from sim.cost.memory import MemoryPlan, draft_offloaded_layers
 from sim.cost.stack import Stacks
+from sim.cost.work import (Forward, HostDraft, Pricer, SpeculationHost, StepHost, Subtotal, UniformForward,
+                           WorkItem)
 from sim.scenario.schema import Scenario
 from sim.scenario.speculation import PartialVerify
 from sim.slots import DecodeSlots
 from sim.specpv import plan_partial_verify
 
-# Kinds of work: the cost model's call each stands for (`price`).
-STEP_HOST, FORWARD, UNIFORM, HOST_DRAFT, SPECULATION_HOST, SELECTION, SUBTOTAL = range(7)
+class Lanes(Protocol):
+    """Route and combine's lanes (sim/lanes.py LaneAcceptance): whose drafter each row runs."""
+
+    def drafting_rows(self, rids: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray | None, int]:
+        """Rows that run the model drafter (a bool mask, None for all), and how many run a lookup."""
+        ...
+
+    def runs_method(self, rid: int) -> bool:
+        """Whether a request ever runs the method's drafter."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -53,8 +60,8 @@ class StepShape:
 class StepConfig:
     """What every step of one simulated configuration shares (built once, `step_config`)."""
     stacks: Stacks
-    target: object                      # the target's pricer (sim/cost/model.py), and the draft's
-    draft: object | None
+    target: Pricer                      # the target's pricer (sim/cost/model.py), and the draft's
+    draft: Pricer | None
     method: str
     speculative: bool
     verify_tokens: int                  # the most a step verifies (the scenario's k + 1, or its tree's)
@@ -69,7 +76,7 @@ class StepConfig:
     partial: PartialVerify | None       # SpecPV
     proposal_lengths: Callable | None   # (rids, steps) -> [n] tokens each row verifies, where rows differ
     replayed_plain_steps: bool          # a replayed live run: a step nobody drafted at is a plain one
-    lanes: object = None                # route, combine (sim/lanes.py): whose drafter each row runs
+    lanes: Lanes | None = None          # route, combine (sim/lanes.py): whose drafter each row runs
     shapes: tuple[StepShape, ...] = ()  # by k, 0..K: a policy's steps
     # Every step of a static policy: all the scenario drafts (its k, or tree), verifying the longest
     # proposal of any drafter (route and combine's second drafter may propose more than k).
@@ -115,12 +122,15 @@ def step_config(scenario: Scenario, stacks: Stacks, memory: MemoryPlan, cost, sp
         full=StepShape(k, True, verify_tokens, spec.draft_depth) if speculative else StepShape(0, False, 1, 0))
 
 
-class StepPlan(list):
+class StepPlan(list[WorkItem]):
     """What one step runs: its work items in pricing order (the module docstring); a list, so that
     pricing it is one loop (one is made every simulated step). replayed_plain: a replayed step at
     which nobody drafted, a plain decode step; full, partial (with SpecPV only): its rows verifying
     against the full KV and the partial KV ([n] bool)."""
     __slots__ = ("replayed_plain", "full", "partial")
+    replayed_plain: bool
+    full: np.ndarray
+    partial: np.ndarray
 
 
 def row_verify_tokens(config: StepConfig, shape: StepShape, slots: DecodeSlots, n: int,
@@ -177,11 +187,12 @@ def plan_step(config: StepConfig, shape: StepShape, slots: DecodeSlots, n: int, 
     replayed_plain = shape.drafting and not drafting and config.lanes is None
     work = StepPlan()
     work.replayed_plain = replayed_plain      # full and partial are set with SpecPV only
-    work.append((STEP_HOST, n + len(chunks), shape.verify_tokens if n and drafting else 1))
+    work.append(StepHost(requests=n + len(chunks), verify_tokens=shape.verify_tokens if n and drafting else 1))
     prefill = _plan_prefill(config, chunks, work) if chunks else None
     if n == 0:
         if prefill is not None:
-            work.append((FORWARD, config.target, [prefill], config.offloaded_layers, config.kv_offloaded))
+            work.append(Forward(pricer=config.target, groups=[prefill], offloaded_layers=config.offloaded_layers,
+                                kv_offloaded=config.kv_offloaded))
         return work
     ctx = slots.ctx[:n]
     ctx_sum = slots.ctx_sum
@@ -190,25 +201,28 @@ def plan_step(config: StepConfig, shape: StepShape, slots: DecodeSlots, n: int, 
     else:
         span, span_sum = ctx, ctx_sum
     if drafting and config.lanes is not None:
-        work.append((SUBTOTAL, _lane_drafts(config, shape, slots, n, span, ctx_sum / n, catch_up)))
+        work.append(Subtotal(items=_lane_drafts(config, config.lanes, shape, slots, n, span, ctx_sum / n, catch_up)))
     elif drafting:
         add_subtotal(work, _drafts(config, shape, slots, n, span, span_sum, ctx_sum / n, catch_up))
         # Draft forwards a step runs: none for a host drafter, one for Medusa's heads.
         forwards = 0 if stacks.draft is None else 1 if config.method == "medusa" else shape.draft_forwards
-        work.append((SPECULATION_HOST, n, forwards))
+        work.append(SpeculationHost(requests=n, draft_forwards=forwards))
     elif config.track_last and config.lanes is None:
         # Drafting off this step (a policy): a drafter with its own KV still reads the step's input
         # token, as the target does, so that it can propose again at any step (vLLM's proposer runs
         # on non-speculative steps too; an EAGLE head needs the target's hidden state of every token,
         # which no engine keeps for later).
-        work.append((UNIFORM, config.draft, DRAFT, n, 1, span_sum, None, 0, span, 0, 0, False, 1, None))
+        # track_last: the config has a draft (a drafter with its own KV), so its pricer is set.
+        work.append(UniformForward(pricer=cast(Pricer, config.draft), phase=DRAFT, requests=n, query=1,
+                                   kv_tokens_sum=span_sum, logits_tokens=0, context=span))
+    groups: list[Group] | None
     if config.partial is not None:
         # Replayed proposal lengths are not applied here: the live engine's drafters always propose
         # k tokens (its n-gram drafter repeats the last token when nothing matches).
         groups = [prefill] if prefill is not None else []
         selections, work.full, work.partial = plan_partial_verify(config.partial, config.target, config.verify_tokens,
                                                                   config.pad_ragged, slots, n, ctx, span, groups)
-        work.append((SUBTOTAL, [(SELECTION, *call) for call in selections]))
+        work.append(Subtotal(items=selections))
     else:
         V = shape.verify_tokens
         phase = VERIFY if drafting else DECODE
@@ -230,16 +244,19 @@ def plan_step(config: StepConfig, shape: StepShape, slots: DecodeSlots, n: int, 
                 groups = [prefill, verify] if prefill is not None else [verify]
         if groups is None:
             if prefill is None:
-                work.append((UNIFORM, config.target, phase, n, V, span_sum + n * (V - 1), None, None, span, V - 1,
-                             config.offloaded_layers, config.kv_offloaded, 1, None))
+                work.append(UniformForward(pricer=config.target, phase=phase, requests=n, query=V,
+                                           kv_tokens_sum=span_sum + n * (V - 1), context=span, kv_offset=V - 1,
+                                           offloaded_layers=config.offloaded_layers,
+                                           kv_offloaded=config.kv_offloaded))
                 return work
             kv = span + (V - 1) if config.target_needs_kv else None
             groups = [prefill, uniform_group(phase, n, V, span_sum + n * (V - 1), kv_tokens=kv)]
-    work.append((FORWARD, config.target, groups, config.offloaded_layers, config.kv_offloaded))
+    work.append(Forward(pricer=config.target, groups=groups, offloaded_layers=config.offloaded_layers,
+                        kv_offloaded=config.kv_offloaded))
     return work
 
 
-def _plan_prefill(config: StepConfig, chunks, work: list) -> Group | None:
+def _plan_prefill(config: StepConfig, chunks, work: list[WorkItem]) -> Group | None:
     """The prompt chunks' groups: one of every chunk, mixed into the decode forward (returned), or
     a forward per chunk (appended to `work`, None returned); the draft's own KV takes them too."""
     stacks = config.stacks
@@ -258,96 +275,89 @@ def _plan_prefill(config: StepConfig, chunks, work: list) -> Group | None:
             # under route those of the requests in the method's lanes.
             lanes = config.lanes
             draft_piece = piece if lanes is None else [c for c in piece if lanes.runs_method(c[0][0])]
+            # Set: a config with a draft stack that plans prompts is speculative (a baseline's
+            # stacks have no draft).
+            draft = cast(Pricer, config.draft)
             if draft_piece is piece:
-                work.append((FORWARD, config.draft, [prefill.without_logits()], 0, False))
+                work.append(Forward(pricer=draft, groups=[prefill.without_logits()]))
             elif draft_piece:
                 q = [c for _, c in draft_piece]
                 kv = [e[1] + c for e, c in draft_piece]
-                work.append((FORWARD, config.draft, [prefill_group(q, kv, 0)], 0, False))
+                work.append(Forward(pricer=draft, groups=[prefill_group(q, kv, 0)]))
         if config.prefill_per_request:
-            work.append((FORWARD, config.target, [prefill], config.offloaded_layers, config.kv_offloaded))
+            work.append(Forward(pricer=config.target, groups=[prefill], offloaded_layers=config.offloaded_layers,
+                                kv_offloaded=config.kv_offloaded))
             prefill = None
     return prefill
 
 
-def _lane_drafts(config: StepConfig, shape: StepShape, slots: DecodeSlots, n: int, span: np.ndarray,
-                 host_context: float, catch_up) -> list:
+def _lane_drafts(config: StepConfig, lanes: Lanes, shape: StepShape, slots: DecodeSlots, n: int, span: np.ndarray,
+                 host_context: float, catch_up) -> list[WorkItem]:
     """route, combine: the method's drafter over the rows of its lanes, prompt lookup over those of
-    lookup lanes, and the speculative host work of every row that proposes."""
-    model_rows, lookup_rows = config.lanes.drafting_rows(slots.rid[:n], slots.steps[:n])
+    lookup lanes, and the speculative host work of every row that proposes; lanes: config.lanes."""
+    model_rows, lookup_rows = lanes.drafting_rows(slots.rid[:n], slots.steps[:n])
     method_rows = n if model_rows is None else int(np.count_nonzero(model_rows))
-    work = []
+    work: list[WorkItem] = []
     if method_rows:
         sub_span = span if model_rows is None else span[model_rows]
         behind = slots.last_sum if model_rows is None else int(slots.last[:n][model_rows].sum())
         add_subtotal(work, _drafts(config, shape, slots, method_rows, sub_span, int(sub_span.sum()), host_context,
                                    catch_up, behind))
     if lookup_rows:
-        work.append((HOST_DRAFT, lookup_rows, host_context))
+        work.append(HostDraft(requests=lookup_rows, context_tokens=host_context))
     proposing = n if model_rows is None else method_rows + lookup_rows
     forwards = 0 if config.stacks.draft is None or not method_rows else shape.draft_forwards
-    work.append((SPECULATION_HOST, proposing, forwards))
+    work.append(SpeculationHost(requests=proposing, draft_forwards=forwards))
     return work
 
 
 def _drafts(config: StepConfig, shape: StepShape, slots: DecodeSlots, n: int, ctx: np.ndarray, ctx_sum: int,
-            host_context: float, catch_up, behind_sum: int | None = None) -> list:
+            host_context: float, catch_up, behind_sum: int | None = None) -> list[WorkItem]:
     """The drafter's work for n decoding requests before their verification; ctx: the context each
     row's draft attention reads, host_context: the mean history a host drafter searches;
     behind_sum: the tokens the rows' own-KV drafter catches up on (default: every row's)."""
     draft, k = config.draft, shape.k
     if draft is None:                   # n-gram prompt lookup on the host
-        return [(HOST_DRAFT, n, host_context)]
+        return [HostDraft(requests=n, context_tokens=host_context)]
     if config.method == "medusa":       # all heads in one forward on the last hidden state
-        return [(UNIFORM, draft, DRAFT, n, 1, ctx_sum, None, None, None, 0, 0, False, 1, k)]
+        return [UniformForward(pricer=draft, phase=DRAFT, requests=n, query=1, kv_tokens_sum=ctx_sum, draft_k=k)]
     if config.track_last:
         # A drafter with its own KV first catches up on the tokens the last step committed.
         behind, behind_sum = config.verify_tokens, slots.last_sum if behind_sum is None else behind_sum
         if catch_up is not None:
             behind, behind_sum = catch_up
-        work = [(UNIFORM, draft, DRAFT, n, behind, ctx_sum, behind_sum, n, ctx, 0, 0, False, 1, k)]
+        work: list[WorkItem] = [UniformForward(pricer=draft, phase=DRAFT, requests=n, query=behind,
+                                               kv_tokens_sum=ctx_sum, tokens=behind_sum, logits_tokens=n,
+                                               context=ctx, draft_k=k)]
     else:
-        work = [(UNIFORM, draft, DRAFT, n, 1, ctx_sum, None, None, ctx, 0, config.draft_offloaded_layers, False, 1, k)]
+        work = [UniformForward(pricer=draft, phase=DRAFT, requests=n, query=1, kv_tokens_sum=ctx_sum, context=ctx,
+                               offloaded_layers=config.draft_offloaded_layers, draft_k=k)]
     rest = shape.draft_forwards - 1
     if rest:
         # Forward j (1 .. rest) reads j x width drafted tokens besides the context.
         width = config.tree_width
         mean_extra = width * (rest + 1) / 2
-        work.append((UNIFORM, draft, DRAFT, n, width, ctx_sum + n * mean_extra, None, None, ctx, mean_extra,
-                     config.draft_offloaded_layers, False, rest, k))
+        work.append(UniformForward(pricer=draft, phase=DRAFT, requests=n, query=width,
+                                   kv_tokens_sum=ctx_sum + n * mean_extra, context=ctx, kv_offset=mean_extra,
+                                   offloaded_layers=config.draft_offloaded_layers, repeat=rest, draft_k=k))
     return work
 
 
-def add_subtotal(work: list, items: list) -> None:
+def add_subtotal(work: list[WorkItem], items: list[WorkItem]) -> None:
     """Append `items` summed first: one item as it is (0.0 + x is x exactly)."""
     if len(items) == 1:
         work.append(items[0])
     else:
-        work.append((SUBTOTAL, items))
+        work.append(Subtotal(items=items))
 
 
-def price(work: list, cost, shares: list[float]) -> float:
-    """Seconds of the planned step (a StepPlan, or a subtotal's items); each term's part goes to
-    its phase in `shares`. The hot path of every simulated step: kinds tested most frequent first,
-    arguments positional."""
+def price(work: list[WorkItem], cost, shares: list[float]) -> float:
+    """Seconds of the planned step (a StepPlan) as `cost` (sim/cost/model.py CostModel) prices
+    it, its items in order; each term's part goes to its phase in `shares`."""
+    host = cost.host
     seconds = 0.0
     for item in work:
-        kind = item[0]
-        if kind == UNIFORM:
-            seconds += item[1].forward_uniform(item[2], item[3], item[4], item[5], shares, item[6], item[7], item[8],
-                                               item[9], item[10], item[11], item[12], item[13])
-        elif kind == STEP_HOST:
-            seconds += cost.step_overhead(item[1], shares, item[2])
-        elif kind == SUBTOTAL:
-            seconds += price(item[1], cost, shares)
-        elif kind == SPECULATION_HOST:
-            seconds += cost.speculation_overhead(item[1], item[2], shares)
-        elif kind == FORWARD:
-            seconds += item[1].forward(item[2], shares, item[3], item[4])
-        elif kind == HOST_DRAFT:
-            seconds += cost.host_draft(item[1], shares, item[2])
-        else:
-            seconds += item[1].selection(item[2], item[3], item[4], item[5], item[6], shares, item[7])
+        seconds += item.price(host, shares)
     return seconds
 
 
@@ -366,12 +376,12 @@ def price_decode_steps(config: StepConfig, cost, slots: DecodeSlots, n: int, ks,
         return price(plan_step(config, config.shape(k), slots, n, chunks, catch_up=catch_up), cost, scratch)
 
     plain = priced(0, ())
-    chunks_plain = priced(0, chunks_at(0)) if chunks_at is not None else None
+    chunks_plain = priced(0, chunks_at(0)) if chunks_at is not None else 0.0
     seconds = []
     for k in ks:
         if k == 0:
             seconds.append(plain)
-        elif chunks_plain is not None:
+        elif chunks_at is not None:
             seconds.append(plain + priced(k, chunks_at(k)) - chunks_plain)
         else:
             seconds.append(priced(k, ()))

@@ -1,6 +1,7 @@
 """The layers hold: kernels import nothing of ours, sim never imports profiler, the kernels or
 torch, profiler reads only sim's formats, presets and cost model, and no package has an import
-cycle between its modules (the import-linter contracts in pyproject.toml)."""
+cycle between its modules (the import-linter contracts in pyproject.toml); the step and the cost
+model type-check (mypy, pyproject.toml's [tool.mypy]); no file of sim is over 400 lines."""
 import shutil
 import subprocess
 import sys
@@ -25,3 +26,15 @@ def test_sim_starts_without_torch():
             "sim.analytic; print('torch' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == "False"
+
+
+def test_the_step_and_the_cost_model_type_check():
+    mypy = pytest.importorskip("mypy.api")
+    stdout, stderr, status = mypy.run(["--config-file", str(REPO / "pyproject.toml")])
+    assert status == 0, stdout[-3000:] + stderr[-1000:]
+
+
+def test_no_file_of_sim_is_over_400_lines():
+    long = {str(p.relative_to(REPO)): n for p in (REPO / "sim").rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, f"split by concept: {long}"

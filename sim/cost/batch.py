@@ -28,17 +28,18 @@ class Group:
         request is memory-bound and the sums are exact.
     query_tokens, kv_tokens: per-request values [n] (numpy arrays, or lists for a few prefill
         chunks), or None when only the sums are known.
-    kv_tokens_sum: KV tokens read by the whole group, the new tokens included.
+    kv_tokens_sum: KV tokens read by the whole group, the new tokens included (a float where it is
+        a mean's multiple: a draft forward's mean drafted tokens).
     logits_tokens: tokens whose logits the LM head computes.
     """
     phase: int
     requests: int
     tokens: int
     query_max: int
-    kv_tokens_sum: int
+    kv_tokens_sum: float
     logits_tokens: int
-    query_tokens: np.ndarray | None = None
-    kv_tokens: np.ndarray | None = None
+    query_tokens: np.ndarray | list[int] | None = None
+    kv_tokens: np.ndarray | list[int] | None = None
 
     def without_logits(self) -> Group:
         """The same requests and tokens, no logits (a draft's own KV taking a prompt)."""
@@ -47,7 +48,7 @@ class Group:
                      kv_tokens=self.kv_tokens)
 
 
-def uniform_group(phase: int, requests: int, query: int, kv_tokens_sum: int, logits: bool = True,
+def uniform_group(phase: int, requests: int, query: int, kv_tokens_sum: float, logits: bool = True,
                   kv_tokens: np.ndarray | None = None) -> Group:
     """A group whose requests all run `query` tokens (decode, verify, draft forwards)."""
     tokens = requests * query

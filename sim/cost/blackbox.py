@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
 
 from sim.cost.batch import PREFILL, Group
 from sim.cost.roofline import RooflinePricer
-from sim.cost.table import select_from_tables, uniform_of
+from sim.cost.table import select_from_tables
+from sim.cost.work import Forward, Selection, UniformForward
 from sim.formats.bundle import Bundle
 from sim.formats.provenance import repo_relative
 
@@ -29,26 +29,26 @@ class _WholeSteps:
     def needs_kv_tokens(self, query: int) -> bool:
         return False
 
-    def forward(self, groups: Sequence[Group], shares: list[float], offloaded_layers: int = 0,
-                kv_offloaded: bool = False, repeat: int = 1, draft_k: int | None = None) -> float:
-        seconds, own = self.step_s(groups, draft_k)
+    def step_s(self, groups: Sequence[Group], draft_k: int | None = None) -> tuple[float, list[float]]:
+        """A step of these groups and each group's own time (each black box's own)."""
+        raise NotImplementedError
+
+    def forward(self, forward: Forward, shares: list[float]) -> float:
+        groups = forward.groups
+        seconds, own = self.step_s(groups, forward.draft_k)
         total = sum(own)
+        repeat = forward.repeat
         for g, part in zip(groups, own):
             if part:
                 shares[g.phase] += part * seconds / total * repeat
         return seconds * repeat
 
-    def forward_uniform(self, phase: int, requests: int, query: int, kv_tokens_sum: float, shares: list[float],
-                        tokens: int | None = None, logits_tokens: int | None = None,
-                        context: np.ndarray | None = None, kv_offset: float = 0, offloaded_layers: int = 0,
-                        kv_offloaded: bool = False, repeat: int = 1, draft_k: int | None = None) -> float:
-        return self.forward([uniform_of(self.stack, phase, requests, query, kv_tokens_sum, tokens, logits_tokens,
-                                        context, kv_offset)], shares, offloaded_layers, kv_offloaded, repeat, draft_k)
+    def forward_uniform(self, forward: UniformForward, shares: list[float]) -> float:
+        return self.forward(forward.as_forward(kv_per_request=self.stack.kv_window is not None), shares)
 
-    def selection(self, requests: int, context_sum: int, query_tokens_sum: int, budget_tokens: int,
-                  block_tokens: int, shares: list[float], part: str = "refresh") -> float:
-        return select_from_tables(self.bundle, self.forward_factor, self.selection_factor, self.roofline, requests,
-                                  context_sum, query_tokens_sum, budget_tokens, block_tokens, shares, part)
+    def selection(self, selection: Selection, shares: list[float]) -> float:
+        return select_from_tables(self.bundle, self.forward_factor, self.selection_factor, self.roofline, selection,
+                                  shares)
 
 
 class BlackBoxPricer(_WholeSteps):
@@ -57,8 +57,9 @@ class BlackBoxPricer(_WholeSteps):
 
     def __init__(self, stack, bundle: Bundle, roofline: RooflinePricer):
         super().__init__(stack, bundle, roofline)
-        self.forward_table = bundle.table("engine_forward")
-        self.prefill = bundle.table("engine_prefill")
+        # A bundle of the engine timed whole holds both (profiler/serve/calibrate.py).
+        self.forward_table = bundle.tables["engine_forward"]
+        self.prefill = bundle.tables["engine_prefill"]
         self.query_max = float(self.forward_table.axes[1][-1])
         # Every measured point is a whole step of its own, so each holds the step's fixed cost (the
         # weights read, the host's step work); the cheapest step measured is taken as that cost.
@@ -91,8 +92,9 @@ class BlackBoxDraftPricer(_WholeSteps):
 
     def __init__(self, stack, bundle: Bundle, roofline: RooflinePricer, k: int):
         super().__init__(stack, bundle, roofline)
-        self.draft = bundle.table("engine_draft")
-        self.prefill = bundle.table("engine_draft_prefill")
+        # Timed with the head, the bundle holds both (profiler/serve/calibrate.py).
+        self.draft = bundle.tables["engine_draft"]
+        self.prefill = bundle.tables["engine_draft_prefill"]
         self.k = k                          # the scenario's: a forward priced without the step's k
 
     def step_s(self, groups: Sequence[Group], draft_k: int | None = None) -> tuple[float, list[float]]:

@@ -47,7 +47,7 @@ class MeasuredCollectives:
     """A published profile's all-reduce table at the scenario's GPU count."""
 
     def __init__(self, profile: PublishedProfile):
-        self.table = profile.table("all_reduce")
+        self.table = profile.tables["all_reduce"]
         m = profile.meta
         self.origin = (f"published: {repo_relative(profile.path)}, {m['library']} on {m['hardware']} "
                        f"({m['interconnect']}), from {profile.source}")
@@ -69,7 +69,7 @@ class MeasuredAllToAll:
     larger one scales linearly in bytes."""
 
     def __init__(self, profile: PublishedProfile):
-        self.tables = [(profile.table(op), float(profile.meta["element_bytes"][op])) for op in ALL_TO_ALL_OPS]
+        self.tables = [(profile.tables[op], float(profile.meta["element_bytes"][op])) for op in ALL_TO_ALL_OPS]
         m = profile.meta
         self.origin = (f"published: {repo_relative(profile.path)}, {m['library']} over {m['interconnect']} on "
                        f"{m['hardware']}, from {profile.source}")
@@ -80,7 +80,8 @@ class MeasuredAllToAll:
         return sum(table(ranks, elements * width) for table, width in self.tables)
 
 
-def all_to_all_for(scenario: Scenario, folder: Path = PUBLISHED) -> tuple[object, str | None]:
+def all_to_all_for(scenario: Scenario,
+                   folder: Path = PUBLISHED) -> tuple[InterconnectGuess | MeasuredAllToAll, str | None]:
     """The expert-parallel all-to-all's pricer: the published table the engine names
     (`engine.all_to_all`) where it measured the scenario's GPU count, else the guess; and, for an
     expert-parallel scenario, the warning that says what it is priced by when that is not its own
@@ -98,7 +99,7 @@ def all_to_all_for(scenario: Scenario, folder: Path = PUBLISHED) -> tuple[object
     if missing:
         raise InputError("engine.all_to_all", f"{engine.all_to_all} states no single element width for "
                                               f"{' and '.join(missing)} (its source's dtype_bytes)")
-    measured = [int(r) for r in profile.table("dispatch").axes[0]]
+    measured = [int(r) for r in profile.tables["dispatch"].axes[0]]
     if not measured[0] <= ranks <= measured[-1]:
         return guess, (f"all-to-all priced by the roofline's guess: {engine.all_to_all} measured {measured} GPUs, "
                        f"the scenario runs {ranks}")
@@ -108,7 +109,8 @@ def all_to_all_for(scenario: Scenario, folder: Path = PUBLISHED) -> tuple[object
     return MeasuredAllToAll(profile), other
 
 
-def collectives_for(scenario: Scenario, folder: Path = PUBLISHED) -> tuple[object, str | None]:
+def collectives_for(scenario: Scenario,
+                    folder: Path = PUBLISHED) -> tuple[InterconnectGuess | MeasuredCollectives, str | None]:
     """The scenario's all-reduce pricer and, where it is the guess though the scenario runs tensor
     parallel, the warning that says why."""
     hw, engine, ranks = scenario.hardware_spec, scenario.engine_spec, scenario.tensor_parallel
@@ -121,9 +123,10 @@ def collectives_for(scenario: Scenario, folder: Path = PUBLISHED) -> tuple[objec
     if not matching:
         return guess, (f"all-reduce priced by the roofline's guess: no published {engine.collectives} table of "
                        f"{hw.interconnect} (engine {engine.name}) in calibration/published")
-    covering = [p for p in matching if p.table("all_reduce").axes[0][0] <= ranks <= p.table("all_reduce").axes[0][-1]]
+    covering = [p for p in matching
+                if p.tables["all_reduce"].axes[0][0] <= ranks <= p.tables["all_reduce"].axes[0][-1]]
     if not covering:
-        measured = sorted({int(r) for p in matching for r in p.table("all_reduce").axes[0]})
+        measured = sorted({int(r) for p in matching for r in p.tables["all_reduce"].axes[0]})
         return guess, (f"all-reduce priced by the roofline's guess: the published {engine.collectives} tables of "
                        f"{hw.interconnect} measured {measured} GPUs, the scenario runs {ranks}")
     # The table measured on the scenario's own hardware first (an H200 shares an H100's NVLink 4).

@@ -12,12 +12,42 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim.cost.batch import OVERHEAD
-from sim.cost.roofline import RooflineHost
+from sim.cost.batch import DRAFT, OVERHEAD
 from sim.errors import InputError
 from sim.formats.provenance import repo_relative
 from sim.formats.published import PUBLISHED, PublishedProfile, load_published
 from sim.scenario.schema import Scenario
+
+
+class RooflineHost:
+    """The engine preset's host work: every step's, speculation's, and prompt lookup's."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.origin = f"engine preset {engine.name}"
+
+    def host_draft(self, requests: int, shares: list[float], context_tokens: float | None = None) -> float:
+        """Prompt-lookup drafting on the host, one lookup per request (the engine preset's time,
+        whatever the context)."""
+        seconds = requests * self.engine.ngram_lookup_s
+        shares[DRAFT] += seconds
+        return seconds
+
+    def speculation_overhead(self, requests: int, draft_forwards: int, shares: list[float]) -> float:
+        """The engine's host work of one speculative step over `requests` requests: the step's own
+        (sampling, acceptance, tree bookkeeping), per request, and each draft forward's."""
+        step = self.engine.speculation_step_overhead_s + requests * self.engine.speculation_request_overhead_s
+        drafts = draft_forwards * self.engine.draft_forward_overhead_s
+        shares[OVERHEAD] += step
+        shares[DRAFT] += drafts
+        return step + drafts
+
+    def step_overhead(self, requests: int, shares: list[float], verify_tokens: int = 1) -> float:
+        """The engine's host work of one iteration over `requests` requests (the preset's per step
+        and per request; verify_tokens does not change it here, only in a calibrated bundle)."""
+        seconds = self.engine.step_overhead_s + requests * self.engine.request_overhead_s
+        shares[OVERHEAD] += seconds
+        return seconds
 
 
 class PublishedHost(RooflineHost):
@@ -47,7 +77,7 @@ class PublishedHost(RooflineHost):
         return seconds
 
 
-def host_for(scenario: Scenario, folder: Path = PUBLISHED) -> tuple[object, list[str]]:
+def host_for(scenario: Scenario, folder: Path = PUBLISHED) -> tuple[RooflineHost, list[str]]:
     """The scenario's host pricer (its engine preset's constants, or the host table the preset
     names) and the warnings it comes with."""
     engine = scenario.engine_spec

@@ -18,8 +18,9 @@ class LayerKernels:
         self.profile = profile
         self.tp = tp
         self.act_bytes = act_bytes
-        self.linears = [profile.table(op) for op in LINEARS]
-        self.elementwise = profile.table("elementwise")
+        # Every kernel profile times all five (sim/imports/kernels.py OPS).
+        self.linears = [profile.tables[op] for op in LINEARS]
+        self.elementwise = profile.tables["elementwise"]
         self.origin = (f"published kernels {repo_relative(profile.path)} (linears and elementwise, measured on "
                        f"{profile.meta['hardware']}), the roofline for attention and the LM head")
         self._linears_s: dict[float, float] = {}

@@ -68,13 +68,15 @@ def plan_memory(scenario: Scenario, stacks: Stacks, max_request_tokens: int, con
     kv_per_token = kv_bytes_per_token(model, tp, scenario.kv_bytes)
     window_bytes = 0.0
     if stacks.draft_owns_kv:
-        draft_kv = kv_bytes_per_token(stacks.draft, tp, scenario.kv_bytes)
-        if stacks.draft.kv_window is None:
+        draft = stacks.draft
+        assert draft is not None        # a draft that owns KV (build_stacks)
+        draft_kv = kv_bytes_per_token(draft, tp, scenario.kv_bytes)
+        if draft.kv_window is None:
             kv_per_token += draft_kv
         else:
             # A draft with a StreamingLLM cache holds at most its window per running request:
             # reserved up front for the requests the workload runs at once.
-            window_bytes = running * stacks.draft.kv_window * draft_kv
+            window_bytes = running * draft.kv_window * draft_kv
     partial_tokens = 0
     if spec.partial_verify is not None:
         pv = spec.partial_verify
@@ -121,7 +123,9 @@ def draft_offloaded_layers(scenario: Scenario, memory: MemoryPlan) -> int:
     if method == "streaming":
         return memory.offloaded_layers
     if method == "layerskip":
-        return max(0, scenario.speculation.draft.exit_layer - memory.resident_layers)
+        exit_layer = scenario.speculation.draft.exit_layer
+        assert exit_layer is not None   # layerskip needs it (sim/scenario/speculation.py checks)
+        return max(0, exit_layer - memory.resident_layers)
     return 0
 
 

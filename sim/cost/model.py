@@ -4,9 +4,10 @@
               + the engine's host work (RooflineHost: an engine preset | PublishedHost: a published
                 host table the preset names | BundleHost: a bundle's fits)
 
-Every pricer answers the same questions of its stack (sim/cost/roofline.py RooflinePricer is the
-reference): `forward` over groups of requests, `forward_uniform` over one uniform group (the hot
-path), `needs_kv_tokens`, SpecPV's `selection`; and says where its figures come from (`origin`).
+Every pricer answers the same questions of its stack (sim/cost/work.py Pricer; sim/cost/roofline.py
+RooflinePricer is the reference): `forward` over groups of requests, `forward_uniform` over one
+uniform group (the hot path), `needs_kv_tokens`, SpecPV's `selection`, each asked with a value of
+sim/cost/work.py; and says where its figures come from (`origin`).
 Without a calibration every stack takes the roofline (datasheet rates x the engine preset's
 efficiencies). With one (`calibration: DIR`), a stack the bundle measured takes its operator
 tables, or an engine timed whole (a black box: `profiler calibrate --engine ...`); a stack it
@@ -23,11 +24,12 @@ import numpy as np
 
 from sim.cost.batch import Group
 from sim.cost.blackbox import BlackBoxDraftPricer, BlackBoxPricer
-from sim.cost.host import host_for
-from sim.cost.roofline import RooflineHost, RooflinePricer, RooflineRates
+from sim.cost.host import RooflineHost, host_for
+from sim.cost.roofline import RooflinePricer, RooflineRates
 from sim.cost.stack import Stack, quantized_weight_bytes
 from sim.cost.table import BundleHost, TablePricer
 from sim.cost.kernels import LayerKernels
+from sim.cost.work import Forward, HostWork, Pricer, Selection, UniformForward
 from sim.formats.bundle import Bundle, check_bundle, load_bundle
 from sim.formats.published import PublishedProfile, check_kernels, is_published, load_published
 from sim.scenario.schema import Scenario
@@ -37,7 +39,8 @@ class CostModel:
     """Prices forwards, block selection and host work for one scenario (the module docstring).
     pricer_of(stack): the stack's pricer, asked once per stack, when first priced."""
 
-    def __init__(self, scenario: Scenario, pricer_of: Callable[[Stack], object], host, bundle: Bundle | None = None,
+    def __init__(self, scenario: Scenario, pricer_of: Callable[[Stack], Pricer], host: HostWork,
+                 bundle: Bundle | None = None,
                  warnings: list[str] | None = None, collectives=None, all_to_all=None):
         self.scenario = scenario
         self.bundle = bundle
@@ -45,14 +48,14 @@ class CostModel:
         self.collectives = collectives        # the tensor-parallel all-reduce's pricer (sim/cost/collectives.py)
         self.all_to_all = all_to_all          # expert parallelism's dispatch and combine (the same module)
         self._pricer_of = pricer_of
-        self._pricers: dict[int, object] = {}
+        self._pricers: dict[int, Pricer] = {}
         self.host = host
         # The host's terms, bound here: the simulator calls them every step.
         self.step_overhead = host.step_overhead
         self.speculation_overhead = host.speculation_overhead
         self.host_draft = host.host_draft
 
-    def pricer(self, stack: Stack):
+    def pricer(self, stack: Stack) -> Pricer:
         """The stack's pricer (made the first time it is asked for)."""
         p = self._pricers.get(id(stack))
         if p is None:
@@ -76,21 +79,28 @@ class CostModel:
                 kv_offloaded: bool = False, repeat: int = 1, draft_k: int | None = None) -> float:
         """Seconds of `repeat` identical forwards of `stack` over `groups`; each phase's part goes
         into `shares` (RooflinePricer.forward)."""
-        return self.pricer(stack).forward(groups, shares, offloaded_layers, kv_offloaded, repeat, draft_k)
+        pricer = self.pricer(stack)
+        return pricer.forward(Forward(pricer=pricer, groups=groups, offloaded_layers=offloaded_layers,
+                                      kv_offloaded=kv_offloaded, repeat=repeat, draft_k=draft_k), shares)
 
     def forward_uniform(self, stack: Stack, phase: int, requests: int, query: int, kv_tokens_sum: float,
                         shares: list[float], *, tokens: int | None = None, logits_tokens: int | None = None,
                         context: np.ndarray | None = None, kv_offset: float = 0, offloaded_layers: int = 0,
                         kv_offloaded: bool = False, repeat: int = 1, draft_k: int | None = None) -> float:
-        """`forward` over one group of requests of `query` tokens each (RooflinePricer.forward_uniform)."""
-        return self.pricer(stack).forward_uniform(phase, requests, query, kv_tokens_sum, shares, tokens, logits_tokens,
-                                                  context, kv_offset, offloaded_layers, kv_offloaded, repeat, draft_k)
+        """`forward` over one group of requests of `query` tokens each (sim/cost/work.py UniformForward)."""
+        pricer = self.pricer(stack)
+        return pricer.forward_uniform(UniformForward(
+            pricer=pricer, phase=phase, requests=requests, query=query, kv_tokens_sum=kv_tokens_sum, tokens=tokens,
+            logits_tokens=logits_tokens, context=context, kv_offset=kv_offset, offloaded_layers=offloaded_layers,
+            kv_offloaded=kv_offloaded, repeat=repeat, draft_k=draft_k), shares)
 
     def selection(self, stack: Stack, requests: int, context_sum: int, query_tokens_sum: int, budget_tokens: int,
                   block_tokens: int, shares: list[float], part: str = "refresh") -> float:
         """SpecPV's block selection in every layer of `stack` (RooflinePricer.selection)."""
-        return self.pricer(stack).selection(requests, context_sum, query_tokens_sum, budget_tokens, block_tokens,
-                                            shares, part)
+        pricer = self.pricer(stack)
+        return pricer.selection(Selection(pricer=pricer, requests=requests, context_sum=context_sum,
+                                          query_tokens_sum=query_tokens_sum, budget_tokens=budget_tokens,
+                                          block_tokens=block_tokens, part=part), shares)
 
 
 def cost_model_for(scenario: Scenario) -> CostModel:

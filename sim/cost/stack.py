@@ -8,6 +8,8 @@ once per scenario (`build_stacks`); the cost models price them.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from types import EllipsisType
+from typing import Any
 
 from sim.scenario.presets import Experts, Latent, ModelSpec
 from sim.scenario.presets.models import dense_linears, mean_layer_params, moe_linears
@@ -67,11 +69,12 @@ class Stack:
 
 
 def stack_of(model: ModelSpec, name: str, weight_bytes: float, layers: int | None = None, *,
-             experts: Experts | None = ..., latent: Latent | None = ..., **kw) -> Stack:
+             experts: Experts | None | EllipsisType = ..., latent: Latent | None | EllipsisType = ...,
+             **kw) -> Stack:
     """A stack of `model`'s layers (all of them, or the first `layers`), with other experts or
     attention where given (an EAGLE head is dense whatever its target; an MTP module's experts have
     no dense first layers)."""
-    changes = {k: v for k, v in (("experts", experts), ("latent", latent)) if v is not ...}
+    changes: dict[str, Any] = {k: v for k, v in (("experts", experts), ("latent", latent)) if v is not ...}
     return Stack(name=name, shape=replace(model, **changes) if changes else model,
                  layers=model.layers if layers is None else layers, weight_bytes=weight_bytes, **kw)
 
@@ -143,6 +146,7 @@ def build_stacks(scenario: Scenario) -> Stacks:
                                        kv_window=spec.draft_kv_window))
     if method == "draft_model":
         dm = scenario.draft_spec
+        assert dm is not None           # draft_model's spec (Scenario.draft_spec)
         small = stack_of(dm, dm.name, wbytes, lm_head_vocab=dm.vocab, kv_window=spec.draft_kv_window)
         return Stacks(target, small, draft_owns_kv=True, draft_weights_resident_bytes=dm.params * wbytes)
     raise AssertionError(method)

@@ -1,6 +1,6 @@
 """A stack priced by a calibration bundle's operator tables, and the engine's host work by its fits.
 
-A forward is composed exactly as the roofline composes it (sim/cost/roofline.py RooflineRates):
+A forward is composed exactly as the roofline composes it (sim/cost/compose.py):
 per decoder layer the four linears and the elementwise work on the batch's query tokens plus each
 group's attention, then the LM head on the tokens that need logits, plus the forward's shared
 inputs (embedding, mask, rotations). A whole forward runs slower than its operators timed one by
@@ -19,13 +19,17 @@ positions gathered).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import cast
 
 import numpy as np
 
 from sim.cost.batch import DRAFT, OVERHEAD, PARTIAL, SELECTION, Group
-from sim.cost.roofline import RooflineHost, RooflinePricer, RooflineRates
+from sim.cost.coefficients import LinearCost
+from sim.cost.compose import compose
+from sim.cost.host import RooflineHost
+from sim.cost.roofline import RooflinePricer, RooflineRates
 from sim.cost.stack import Stack
+from sim.cost.work import Forward, Selection, UniformForward
 from sim.formats.bundle import Bundle
 from sim.formats.provenance import repo_relative
 
@@ -46,11 +50,12 @@ class TablePricer:
         self.attends = stack.attention and stack.layers > 0
         self.attn_bytes_per_kv = roofline.attn_bytes_per_kv
         self.layer_weight_bytes = roofline.layer_weight_bytes
-        self.linears = [bundle.table(f"{prefix}.{name}") for name, _, _ in stack.linears] if stack.layers else []
-        self.elementwise = bundle.table("elementwise")
+        # The tables the cost model checked the bundle has (sim/cost/model.py calibrated_cost_model).
+        self.linears = [bundle.tables[f"{prefix}.{name}"] for name, _, _ in stack.linears] if stack.layers else []
+        self.elementwise = bundle.tables["elementwise"]
         self.lm_head = bundle.table("lm_head") if lm_head else None
-        self.attention = bundle.table("attention")
-        self.prefill = bundle.table("attention_prefill")
+        self.attention = bundle.tables["attention"]
+        self.prefill = bundle.tables["attention_prefill"]
         self.prompt = bundle.table("attention_prompt")      # bundles before it price prompts masked
         self.partial = bundle.table("attention_partial")
         self.query_max = float(self.attention.axes[1][-1])
@@ -62,8 +67,8 @@ class TablePricer:
     def needs_kv_tokens(self, query: int) -> bool:
         return self.stack.kv_window is not None
 
-    def forward(self, groups: Sequence[Group], shares: list[float], offloaded_layers: int = 0,
-                kv_offloaded: bool = False, repeat: int = 1, draft_k: int | None = None) -> float:
+    def forward(self, forward: Forward, shares: list[float]) -> float:
+        groups = forward.groups
         tokens = sum(g.tokens for g in groups)
         logits = sum(g.logits_tokens for g in groups)
         if tokens == 0:
@@ -76,15 +81,12 @@ class TablePricer:
         scale = self.forward_factor(tokens, kv_mean) if self.forward_factor is not None else 1.0
         shared = (shared + base) * scale
         attention_of = (lambda g: self.attention_layer_s(g) * scale) if self.attends else None
-        return self.rates.compose(groups, tokens, logits, shared, lm_head * scale, attention_of, self, shares,
-                                  offloaded_layers, kv_offloaded, repeat)
+        return compose(self.rates, groups, tokens, logits, shared, lm_head * scale, attention_of, self, shares,
+                                  forward.offloaded_layers, forward.kv_offloaded, forward.repeat)
 
-    def forward_uniform(self, phase: int, requests: int, query: int, kv_tokens_sum: float, shares: list[float],
-                        tokens: int | None = None, logits_tokens: int | None = None,
-                        context: np.ndarray | None = None, kv_offset: float = 0, offloaded_layers: int = 0,
-                        kv_offloaded: bool = False, repeat: int = 1, draft_k: int | None = None) -> float:
-        return self.forward([uniform_of(self.stack, phase, requests, query, kv_tokens_sum, tokens, logits_tokens,
-                                        context, kv_offset)], shares, offloaded_layers, kv_offloaded, repeat)
+    def forward_uniform(self, forward: UniformForward, shares: list[float]) -> float:
+        # Each request's KV only where the stack's KV window clips it.
+        return self.forward(forward.as_forward(kv_per_request=self.stack.kv_window is not None), shares)
 
     def batch_terms_s(self, tokens: float, logits: float) -> tuple[float, float]:
         """(layers, LM head) seconds of one forward of `tokens` query tokens, memoized."""
@@ -99,8 +101,8 @@ class TablePricer:
                 lm = 0.0
             elif self.lm_head is not None:
                 lm = self.lm_head(logits * self.stack.lm_head_count)
-            else:
-                lm = self.roofline.c.linear_time_s([self.roofline.c.lm_head], logits)
+            else:   # an LM head of another vocabulary than the bundle's, which the roofline has
+                lm = self.roofline.c.linear_time_s([cast(LinearCost, self.roofline.c.lm_head)], logits)
             terms = (shared, lm)
             if len(self._batch) < 1 << 16:
                 self._batch[key] = terms
@@ -138,37 +140,24 @@ class TablePricer:
             return self.prompt(query)
         return self.prefill(query, max(kv, query))
 
-    def selection(self, requests: int, context_sum: int, query_tokens_sum: int, budget_tokens: int,
-                  block_tokens: int, shares: list[float], part: str = "refresh") -> float:
-        return select_from_tables(self.bundle, self.forward_factor, self.selection_factor, self.roofline, requests,
-                                  context_sum, query_tokens_sum, budget_tokens, block_tokens, shares, part)
+    def selection(self, selection: Selection, shares: list[float]) -> float:
+        return select_from_tables(self.bundle, self.forward_factor, self.selection_factor, self.roofline, selection,
+                                  shares)
 
 
-def uniform_of(stack: Stack, phase: int, requests: int, query: int, kv_tokens_sum: float, tokens: int | None,
-               logits_tokens: int | None, context: np.ndarray | None, kv_offset: float) -> Group:
-    """The one group of a uniform forward (`forward_uniform`'s arguments), per-request KV only where
-    the stack's KV window clips it."""
-    if tokens is None:
-        tokens = requests * query
-    if logits_tokens is None:
-        logits_tokens = tokens
-    kv = context + kv_offset if context is not None and stack.kv_window is not None else None
-    return Group(phase=phase, requests=requests, tokens=tokens, query_max=query, kv_tokens_sum=kv_tokens_sum,
-                 logits_tokens=logits_tokens, kv_tokens=kv)
-
-
-def select_from_tables(bundle: Bundle, forward_factor, selection_factor, roofline: RooflinePricer, requests: int,
-                       context_sum: int, query_tokens_sum: int, budget_tokens: int, block_tokens: int,
-                       shares: list[float], part: str) -> float:
+def select_from_tables(bundle: Bundle, forward_factor, selection_factor, roofline: RooflinePricer,
+                       selection: Selection, shares: list[float]) -> float:
     """Block summaries of the context and/or one selection, in every layer (the measured ops):
     part "refresh" both, "summaries" or "scores" one of them (see RooflinePricer.selection); the
     roofline's where the bundle lacks the tables."""
     summaries, select = bundle.table("summaries"), bundle.table("selection")
+    requests, part = selection.requests, selection.part
     if requests == 0:
         return 0.0
     if summaries is None or select is None:
-        return roofline.selection(requests, context_sum, query_tokens_sum, budget_tokens, block_tokens, shares, part)
-    context = context_sum / requests
+        return roofline.selection(selection, shares)
+    context = selection.context_sum / requests
+    query_tokens_sum, budget_tokens = selection.query_tokens_sum, selection.budget_tokens
     # Both run amid the engine's other work, slower than alone: the summaries (a loop over the
     # layers after a full verification) by the whole-forward factor; the selection, some twenty
     # small operators between a layer's matmuls, by its own factor measured inside

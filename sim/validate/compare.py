@@ -30,12 +30,10 @@ from pathlib import Path
 import numpy as np
 
 from sim.errors import InputError
-from sim.formats.names import SHARE_GROUPS, share_group
-from sim.formats.run_folder import RUN_PHASES
-from sim.validate.runs import LiveRun, baselines_by_setting, measured_baseline_tok_s, per_request_steps
-from sim.validate.machine_speed import other_machine_state
+from sim.formats.names import SHARE_GROUPS
+from sim.validate.machine_speed import at_run_speed, other_machine_state
+from sim.validate.runs import SHARES, LiveRun, baselines_by_setting, measured, per_request_steps, repeat_speedups
 
-SHARES = tuple(SHARE_GROUPS)
 # The predictions of a run, in report order; each again with this suffix when put at the run's
 # measured machine speed (`at_run_speed`).
 PREDICTIONS = ("cost model", "replay", "fitted")
@@ -313,38 +311,6 @@ def replay_builder(run: LiveRun, rids: list[int]):
                                                    steps["drafted"] if short else None, plain_steps=policy)
 
 
-def decode_tok_s(run: LiveRun) -> float | None:
-    """Output tokens after each request's first, over the run's time outside prefill."""
-    s = run.summary
-    wall_s = float(run.requests.output_tokens.sum()) / float(s["throughput_tok_s"])
-    decode_s = wall_s * (1.0 - s.get("time_share", {}).get("prefill", 0.0))
-    tokens = float(run.requests.output_tokens.sum() - len(run.requests))
-    return tokens / decode_s if decode_s > 0 else None
-
-
-def measured(run: LiveRun, baselines: dict) -> dict:
-    s = run.summary
-    base = measured_baseline_tok_s(run, baselines)
-    base_run = baselines.get(run.setting)
-    decode_speedup = None
-    if run.speculative and base_run is not None:
-        mine, theirs = decode_tok_s(run), decode_tok_s(base_run)
-        decode_speedup = mine / theirs if mine and theirs else None
-    share = s.get("time_share", {})
-    tpot = run.requests.tpot_s.dropna()
-    # Tokens per step as the simulator counts them: accepted drafts + 1, before any roll-back.
-    tokens_per_step = float(run.steps.accepted.mean() + 1) if run.speculative and len(run.steps) else 1.0
-    return {"tok_s": float(s["throughput_tok_s"]),
-            "speedup": float(s["throughput_tok_s"]) / base if run.speculative and base else None,
-            "decode_speedup": decode_speedup,
-            "tpot_ms": float(tpot.mean()) * 1e3 if len(tpot) else math.nan,
-            "tokens_per_step": tokens_per_step,
-            "ttft_p50_ms": float(run.requests.ttft_s.median()) * 1e3 if run.continuous else math.nan,
-            "tpot_p50_ms": float(tpot.median()) * 1e3 if run.continuous and len(tpot) else math.nan,
-            "share": {k: sum(share.get(p, 0.0) for p in RUN_PHASES if share_group(RUN_PHASES[p]) == k)
-                      for k in SHARES}}
-
-
 def compare_runs(runs: list[LiveRun], calibration: Path | None, progress: bool = False) -> list[Comparison]:
     """Every run predicted (replay and fitted for speculative runs) against its measurement."""
     from sim.validate.fit_acceptance import acceptance_runs, disagreement_from_runs, fit_drafter
@@ -425,33 +391,3 @@ def run_speed(run: LiveRun, calibration: Path | None) -> dict | None:
     if priced:
         reference = priced_probe(batch_scenarios(run, calibration)[0][1], measured_now["shapes"])
     return {**speed_ratios(measured_now, reference), "priced": priced}
-
-
-def at_run_speed(guess: dict, ratios: dict, base_ratios: dict, decode_base_ratios: dict | None = None) -> dict:
-    """A prediction put at the machine's measured speed: its time and TPOT scaled by the probes'
-    ratios (prefill by the prompt probe's, the rest by the decode probe's), its speedup by the run's
-    and its baseline's own (`decode_base_ratios`: those of the run the decode speedup was measured
-    against, when it is not the speedup's baseline); tokens per step and time shares as predicted."""
-    from sim.validate.machine_speed import scaled_seconds
-
-    seconds = scaled_seconds(guess["seconds"], guess["prefill_s"], ratios)
-    out = {**guess, "tok_s": guess["tok_s"] * guess["seconds"] / seconds,
-           "tpot_ms": guess["tpot_ms"] * ratios["decode"], "tpot_p50_ms": guess["tpot_p50_ms"] * ratios["decode"],
-           "ttft_p50_ms": guess["ttft_p50_ms"] * ratios["prompt"], "seconds": seconds}
-    if guess["speedup"] is not None:
-        base_seconds = scaled_seconds(guess["base_seconds"], guess["base_prefill_s"], base_ratios)
-        out["speedup"] = base_seconds / seconds
-        decode_s = guess["seconds"] - guess["prefill_s"]
-        if guess["decode_speedup"] is not None and decode_s > 0:
-            out["decode_speedup"] = guess["decode_speedup"] * (decode_base_ratios or base_ratios)["decode"] / ratios["decode"]
-    return out
-
-
-def repeat_speedups(run: LiveRun, baselines: dict) -> tuple:
-    """Each repeat's throughput over the baseline's repeat of the same index (a campaign's pass N of
-    both), when both have the same number of repeats; empty otherwise."""
-    base = baselines.get(run.setting)
-    if not run.speculative or base is None or len(run.repeat_tok_s) < 2 \
-            or len(base.repeat_tok_s) != len(run.repeat_tok_s):
-        return ()
-    return tuple(mine / theirs for mine, theirs in zip(run.repeat_tok_s, base.repeat_tok_s))

@@ -84,3 +84,21 @@ def scaled_seconds(seconds: float, prefill_s: float, ratios: dict) -> float:
     """A predicted run time at the measured speed: prefill by the prompt probe, the rest by the
     decode probe."""
     return prefill_s * ratios["prompt"] + (seconds - prefill_s) * ratios["decode"]
+
+
+def at_run_speed(guess: dict, ratios: dict, base_ratios: dict, decode_base_ratios: dict | None = None) -> dict:
+    """A prediction put at the machine's measured speed: its time and TPOT scaled by the probes'
+    ratios (prefill by the prompt probe's, the rest by the decode probe's), its speedup by the run's
+    and its baseline's own (`decode_base_ratios`: those of the run the decode speedup was measured
+    against, when it is not the speedup's baseline); tokens per step and time shares as predicted."""
+    seconds = scaled_seconds(guess["seconds"], guess["prefill_s"], ratios)
+    out = {**guess, "tok_s": guess["tok_s"] * guess["seconds"] / seconds,
+           "tpot_ms": guess["tpot_ms"] * ratios["decode"], "tpot_p50_ms": guess["tpot_p50_ms"] * ratios["decode"],
+           "ttft_p50_ms": guess["ttft_p50_ms"] * ratios["prompt"], "seconds": seconds}
+    if guess["speedup"] is not None:
+        base_seconds = scaled_seconds(guess["base_seconds"], guess["base_prefill_s"], base_ratios)
+        out["speedup"] = base_seconds / seconds
+        decode_s = guess["seconds"] - guess["prefill_s"]
+        if guess["decode_speedup"] is not None and decode_s > 0:
+            out["decode_speedup"] = guess["decode_speedup"] * (decode_base_ratios or base_ratios)["decode"] / ratios["decode"]
+    return out

@@ -7,13 +7,18 @@ is the measured baseline of every speculative run of its setting).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from sim.errors import InputError
-from sim.formats.run_folder import META, REQUESTS, STEPS, SUMMARY
+from sim.formats.names import SHARE_GROUPS, share_group
+from sim.formats.run_folder import META, REQUESTS, RUN_PHASES, STEPS, SUMMARY
+
+# The time-share groups a run's measured shares are summed into (sim/formats/names.py).
+SHARES = tuple(SHARE_GROUPS)
 
 # What makes two runs' acceptance comparable, per method (besides the method and the draft shape).
 DRAFT_SETTINGS = {"ngram": (), "shadow": ("bits", "group_size"), "layerskip": ("exit_layer",),
@@ -253,3 +258,47 @@ def per_request_steps(run: LiveRun, requests, every_step: bool = False) -> dict[
         for column, values in out.items():
             values.append(np.zeros(0, np.int64) if frame is None else frame[column].to_numpy(np.int64))
     return out
+
+
+def decode_tok_s(run: LiveRun) -> float | None:
+    """Output tokens after each request's first, over the run's time outside prefill."""
+    s = run.summary
+    wall_s = float(run.requests.output_tokens.sum()) / float(s["throughput_tok_s"])
+    decode_s = wall_s * (1.0 - s.get("time_share", {}).get("prefill", 0.0))
+    tokens = float(run.requests.output_tokens.sum() - len(run.requests))
+    return tokens / decode_s if decode_s > 0 else None
+
+
+def measured(run: LiveRun, baselines: dict) -> dict:
+    """What the run measured, as a prediction is compared with it: throughput, speedups, TPOT,
+    tokens per step, served latencies and time shares."""
+    s = run.summary
+    base = measured_baseline_tok_s(run, baselines)
+    base_run = baselines.get(run.setting)
+    decode_speedup = None
+    if run.speculative and base_run is not None:
+        mine, theirs = decode_tok_s(run), decode_tok_s(base_run)
+        decode_speedup = mine / theirs if mine and theirs else None
+    share = s.get("time_share", {})
+    tpot = run.requests.tpot_s.dropna()
+    # Tokens per step as the simulator counts them: accepted drafts + 1, before any roll-back.
+    tokens_per_step = float(run.steps.accepted.mean() + 1) if run.speculative and len(run.steps) else 1.0
+    return {"tok_s": float(s["throughput_tok_s"]),
+            "speedup": float(s["throughput_tok_s"]) / base if run.speculative and base else None,
+            "decode_speedup": decode_speedup,
+            "tpot_ms": float(tpot.mean()) * 1e3 if len(tpot) else math.nan,
+            "tokens_per_step": tokens_per_step,
+            "ttft_p50_ms": float(run.requests.ttft_s.median()) * 1e3 if run.continuous else math.nan,
+            "tpot_p50_ms": float(tpot.median()) * 1e3 if run.continuous and len(tpot) else math.nan,
+            "share": {k: sum(share.get(p, 0.0) for p in RUN_PHASES if share_group(RUN_PHASES[p]) == k)
+                      for k in SHARES}}
+
+
+def repeat_speedups(run: LiveRun, baselines: dict) -> tuple:
+    """Each repeat's throughput over the baseline's repeat of the same index (a campaign's pass N of
+    both), when both have the same number of repeats; empty otherwise."""
+    base = baselines.get(run.setting)
+    if not run.speculative or base is None or len(run.repeat_tok_s) < 2 \
+            or len(base.repeat_tok_s) != len(run.repeat_tok_s):
+        return ()
+    return tuple(mine / theirs for mine, theirs in zip(run.repeat_tok_s, base.repeat_tok_s))

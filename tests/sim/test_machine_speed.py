@@ -8,7 +8,7 @@ from conftest import REPO
 
 from sim.formats.run_folder import probe_shapes
 from sim.validate.machine_speed import measured_probe, priced_probe, scaled_seconds, speed_ratios
-from sim.validate.compare import at_run_speed
+from sim.validate.machine_speed import at_run_speed
 
 BUNDLE = REPO / "calibration" / "cpu" / "smollm2-135m"
 SCENARIO = {"model": "smollm2-135m", "dtype": "fp32", "hardware": "cpu", "engine": "gpt-fast"}

@@ -11,6 +11,7 @@ from sim.cost.batch import FULL, PARTIAL, PHASES, SELECTION, VERIFY, prefill_gro
 from sim.cost.memory import plan_memory
 from sim.cost.model import cost_model_for
 from sim.cost.stack import build_stacks
+from sim.cost.work import Selection
 from sim.result import RunRecord
 from sim.scenario.load import load_scenario
 from sim.scenario.speculation import Disagreement, PartialVerify
@@ -21,6 +22,12 @@ from sim.step import plan_step, price, step_config
 
 V = 4                   # tokens a row verifies: 3 drafts and the last committed token
 TARGET = "target"       # the target's pricer, which plan_partial_verify only hands on to the selection
+
+
+def select(requests: int, context_sum: int, query_tokens_sum: int, part: str) -> Selection:
+    """The block selection plan_partial_verify asks of the target at partial_verify()'s budget and block."""
+    return Selection(pricer=TARGET, requests=requests, context_sum=context_sum, query_tokens_sum=query_tokens_sum,
+                     budget_tokens=64, block_tokens=16, part=part)
 
 
 def partial_verify(**fields) -> PartialVerify:
@@ -70,7 +77,7 @@ def test_a_row_without_a_selection_verifies_fully_and_selects_its_blocks():
     groups, selections, full, partial = plan(partial_verify(), slots_of([1000], selected=0))
     (g,) = groups
     assert (g.phase, g.tokens, g.query_max, g.kv_tokens_sum, g.logits_tokens) == (FULL, V, V, 1003, V)
-    assert selections == [(TARGET, 1, 1003, V, 64, 16, "refresh")]
+    assert selections == [select(1, 1003, V, "refresh")]
     assert list(full) == [True] and list(partial) == [False]
 
 
@@ -88,7 +95,7 @@ def test_a_full_verification_re_feeds_the_buffer_accepted_since_the_refresh():
     groups, selections, _, _ = plan(partial_verify(), slots_of([1000], since=6))
     (g,) = groups
     assert (g.phase, g.tokens, g.query_max, g.kv_tokens_sum, g.logits_tokens) == (FULL, 6 + V, 6 + V, 1003, 6 + V)
-    assert selections == [(TARGET, 1, 1003, 6 + V, 64, 16, "refresh")]
+    assert selections == [select(1, 1003, 6 + V, "refresh")]
 
 
 @pytest.mark.parametrize("since, mode", [(0, PARTIAL), (5, PARTIAL), (6, FULL), (9, FULL)])
@@ -113,13 +120,13 @@ def test_rows_of_one_step_split_into_plain_partial_and_full_groups():
     refresh = groups[2]
     assert list(refresh.query_tokens) == [6 + V, V] and list(refresh.kv_tokens) == [2003, 3003]
     assert (refresh.tokens, refresh.query_max, refresh.logits_tokens) == (14, 10, 14)
-    assert selections == [(TARGET, 2, 5000 + 2 * (V - 1), 14, 64, 16, "refresh")]
+    assert selections == [select(2, 5000 + 2 * (V - 1), 14, "refresh")]
 
 
 def test_quest_scores_blocks_at_every_partial_step_and_a_refresh_only_takes_block_summaries():
     slots = slots_of([50, 1000, 2000, 3000], since=[0, 3, 6, 0], selected=[0, 1, 1, 0])
     _, selections, _, _ = plan(partial_verify(reselect="step"), slots)
-    assert selections == [(TARGET, 1, 1000, V, 64, 16, "scores"), (TARGET, 2, 5006, 14, 64, 16, "summaries")]
+    assert selections == [select(1, 1000, V, "scores"), select(2, 5006, 14, "summaries")]
 
 
 def test_a_static_shape_engine_runs_the_steps_rows_at_the_longest_re_feed_but_leaves_the_prompt_chunk():

@@ -12,8 +12,9 @@ from sim.cost.model import cost_model_for
 from sim.cost.stack import build_stacks
 from sim.scenario.load import load_scenario
 from sim.slots import DecodeSlots
-from sim.step import (FORWARD, HOST_DRAFT, SPECULATION_HOST, STEP_HOST, SUBTOTAL, UNIFORM, StepShape, decode_tokens,
-                      plan_step, price, price_decode_steps, row_verify_tokens, step_config)
+from sim.cost.work import Forward, HostDraft, SpeculationHost, StepHost, Subtotal, UniformForward
+from sim.step import (StepShape, decode_tokens, plan_step, price, price_decode_steps, row_verify_tokens,
+                      step_config)
 
 # UNIT_ENGINE's host work is nil but for the vLLM preset's drafting floor, zeroed here too. HOST
 # gives every host term a value of its own, so a term charged once too often or too rarely shows.
@@ -57,6 +58,10 @@ def speculation_host_s(requests, draft_forwards):
             + draft_forwards * HOST["draft_forward_overhead_s"])
 
 
+def kinds(plan) -> list[type]:
+    return [type(item) for item in plan]
+
+
 def unit_steps(tiny_config, speculation=None, engine=NO_HOST, scheduler=None, hardware=UNIT_HARDWARE, **step_fields):
     """The tiny model's cost model and step configuration (speculative where `speculation` is given)."""
     fields = {"hardware": hardware, "engine": engine, "model": str(tiny_config),
@@ -88,10 +93,11 @@ def priced(plan, cost):
 def test_a_step_without_speculation_is_one_target_decode_forward_over_its_n_rows(tiny_config):
     cost, config = unit_steps(tiny_config)
     plan = plan_step(config, config.shape(0), held(), N)
-    assert [item[0] for item in plan] == [STEP_HOST, UNIFORM]
-    assert plan[0] == (STEP_HOST, N, 1)
-    _, pricer, phase, requests, query, kv = plan[1][:6]
-    assert (pricer, phase, requests, query, kv) == (config.target, DECODE, N, 1, CTX_SUM)
+    assert kinds(plan) == [StepHost, UniformForward]
+    assert plan[0] == StepHost(requests=N, verify_tokens=1)
+    decode = plan[1]
+    assert (decode.pricer, decode.phase, decode.requests, decode.query, decode.kv_tokens_sum) == \
+        (config.target, DECODE, N, 1, CTX_SUM)
     seconds, shares = priced(plan, cost)
     # 3 tokens, each with logits, reading the 600 tokens of context.
     assert seconds == pytest.approx(forward_s(3, 3, 600, **TARGET), rel=1e-12)
@@ -109,11 +115,12 @@ def test_a_steps_host_work_is_the_presets_per_step_time_and_per_request_time(tin
 def test_a_chain_of_k_prices_k_draft_forwards_and_one_verification_of_k_plus_1_tokens_a_row(tiny_config, k):
     cost, config = unit_steps(tiny_config, {"method": "shadow", "num_speculative_tokens": 4}, engine=HOST)
     plan = plan_step(config, config.shape(k), held(), N)
-    assert plan[0] == (STEP_HOST, N, k + 1)
-    assert plan[-2] == (SPECULATION_HOST, N, k)
+    assert plan[0] == StepHost(requests=N, verify_tokens=k + 1)
+    assert plan[-2] == SpeculationHost(requests=N, draft_forwards=k)
     verify = plan[-1]
-    assert (verify[0], verify[1], verify[2], verify[3], verify[4]) == (UNIFORM, config.target, VERIFY, N, k + 1)
-    assert verify[5] == CTX_SUM + N * k             # the last verified token reads the context and k drafts
+    assert isinstance(verify, UniformForward)
+    assert (verify.pricer, verify.phase, verify.requests, verify.query) == (config.target, VERIFY, N, k + 1)
+    assert verify.kv_tokens_sum == CTX_SUM + N * k             # the last verified token reads the context and k drafts
     seconds, shares = priced(plan, cost)
     drafts = chain_drafts_s(k, N, CTX_SUM)
     verification = forward_s(N * (k + 1), N * (k + 1), CTX_SUM + N * k, **TARGET)
@@ -126,7 +133,7 @@ def test_a_chain_of_k_prices_k_draft_forwards_and_one_verification_of_k_plus_1_t
 def test_a_speculative_configurations_step_at_k_0_drafts_nothing_and_decodes_one_token_a_row(tiny_config):
     cost, config = unit_steps(tiny_config, {"method": "shadow", "num_speculative_tokens": 4}, engine=HOST)
     plan = plan_step(config, config.shape(0), held(), N)
-    assert [item[0] for item in plan] == [STEP_HOST, UNIFORM] and plan[1][2] == DECODE
+    assert kinds(plan) == [StepHost, UniformForward] and plan[1].phase == DECODE
     seconds, shares = priced(plan, cost)
     assert shares[DRAFT] == 0.0
     assert seconds == pytest.approx(host_s(N) + forward_s(3, 3, 600, **TARGET), rel=1e-12)
@@ -176,8 +183,8 @@ def test_a_drafter_with_its_own_kv_first_catches_up_on_the_tokens_the_last_step_
 def test_a_drafter_with_its_own_kv_reads_the_input_token_at_a_step_that_drafts_nothing(tiny_config):
     cost, config = unit_steps(tiny_config, {"method": "eagle", "num_speculative_tokens": 3})
     plan = plan_step(config, config.shape(0), held(), N)
-    assert [item[0] for item in plan] == [STEP_HOST, UNIFORM, UNIFORM]
-    assert plan[1][1] is config.draft and plan[2][1] is config.target
+    assert kinds(plan) == [StepHost, UniformForward, UniformForward]
+    assert plan[1].pricer is config.draft and plan[2].pricer is config.target
     seconds, shares = priced(plan, cost)
     # The head takes one token a row over the context, without logits (it proposes nothing).
     assert shares[DRAFT] == pytest.approx(forward_s(N, 0, CTX_SUM, **EAGLE), rel=1e-12)
@@ -188,9 +195,9 @@ def test_a_drafter_with_its_own_kv_reads_the_input_token_at_a_step_that_drafts_n
 def test_prompt_lookup_drafts_on_the_host_one_lookup_a_row_and_runs_no_draft_forward(tiny_config):
     cost, config = unit_steps(tiny_config, {"method": "ngram", "num_speculative_tokens": 3}, engine=HOST)
     plan = plan_step(config, config.full, held(), N)
-    assert [item[0] for item in plan] == [STEP_HOST, HOST_DRAFT, SPECULATION_HOST, UNIFORM]
-    assert plan[1] == (HOST_DRAFT, N, CTX_SUM / N)      # the mean history a lookup searches
-    assert plan[2] == (SPECULATION_HOST, N, 0)
+    assert kinds(plan) == [StepHost, HostDraft, SpeculationHost, UniformForward]
+    assert plan[1] == HostDraft(requests=N, context_tokens=CTX_SUM / N)      # the mean history a lookup searches
+    assert plan[2] == SpeculationHost(requests=N, draft_forwards=0)
     seconds, shares = priced(plan, cost)
     assert shares[DRAFT] == pytest.approx(N * HOST["ngram_lookup_s"], rel=1e-12)
     verification = forward_s(4 * N, 4 * N, CTX_SUM + 3 * N, **TARGET)
@@ -201,8 +208,8 @@ def test_prompt_lookup_drafts_on_the_host_one_lookup_a_row_and_runs_no_draft_for
 def test_medusa_drafts_every_position_in_one_forward_of_its_heads(tiny_config):
     cost, config = unit_steps(tiny_config, {"method": "medusa", "num_speculative_tokens": 3}, engine=HOST)
     plan = plan_step(config, config.full, held(), N)
-    assert [item[0] for item in plan] == [STEP_HOST, UNIFORM, SPECULATION_HOST, UNIFORM]
-    assert plan[1][12] == 1 and plan[2] == (SPECULATION_HOST, N, 1)     # one forward, whatever k
+    assert kinds(plan) == [StepHost, UniformForward, SpeculationHost, UniformForward]
+    assert plan[1].repeat == 1 and plan[2] == SpeculationHost(requests=N, draft_forwards=1)     # one forward, whatever k
     seconds, shares = priced(plan, cost)
     # No decoder layer and no attention: 3 residual blocks 4x4 (32 weight bytes, 16 a token each)
     # and 3 LM heads, one vocabulary of 30 (240 weight bytes, 2 x (4 + 30) = 68 a logits token).
@@ -217,9 +224,9 @@ def test_prompt_chunks_ride_in_the_decode_rows_target_forward(tiny_config):
     # Request 7 has 10 of its 50 prompt tokens and takes 20 more; request 8 finishes its 40.
     chunks = [([7, 10, 50], 20), ([8, 30, 40], 10)]
     plan = plan_step(config, config.shape(0), held(), N, chunks)
-    assert [item[0] for item in plan] == [STEP_HOST, FORWARD]
-    assert plan[0] == (STEP_HOST, N + 2, 1)
-    prefill, decode = plan[1][2]
+    assert kinds(plan) == [StepHost, Forward]
+    assert plan[0] == StepHost(requests=N + 2, verify_tokens=1)
+    prefill, decode = plan[1].groups
     assert (prefill.phase, prefill.requests, prefill.tokens, prefill.kv_tokens_sum, prefill.logits_tokens) == \
         (PREFILL, 2, 30, 30 + 40, 1)               # logits for the last token of the finished prompt only
     assert (decode.phase, decode.requests, decode.tokens, decode.kv_tokens_sum) == (DECODE, N, N, CTX_SUM)
@@ -234,7 +241,7 @@ def test_prompt_chunks_ride_in_the_decode_rows_target_forward(tiny_config):
 def test_prompt_chunks_of_a_step_without_decoding_rows_are_one_target_forward(tiny_config):
     cost, config = unit_steps(tiny_config, engine=HOST)
     plan = plan_step(config, config.shape(0), held([]), 0, [([7, 0, 20], 20), ([8, 0, 64], 16)])
-    assert [item[0] for item in plan] == [STEP_HOST, FORWARD] and plan[0] == (STEP_HOST, 2, 1)
+    assert kinds(plan) == [StepHost, Forward] and plan[0] == StepHost(requests=2, verify_tokens=1)
     seconds, _ = priced(plan, cost)
     assert seconds == pytest.approx(host_s(2) + forward_s(36, 1, 36, **TARGET), rel=1e-12)
 
@@ -242,7 +249,7 @@ def test_prompt_chunks_of_a_step_without_decoding_rows_are_one_target_forward(ti
 def test_per_request_prefill_runs_each_prompt_chunk_as_a_target_forward_of_its_own(tiny_config):
     cost, config = unit_steps(tiny_config, scheduler={"prefill_forward": "per_request"})
     plan = plan_step(config, config.shape(0), held(), N, [([7, 10, 50], 20), ([8, 30, 40], 10)])
-    assert [item[0] for item in plan] == [STEP_HOST, FORWARD, FORWARD, UNIFORM]
+    assert kinds(plan) == [StepHost, Forward, Forward, UniformForward]
     seconds, _ = priced(plan, cost)
     # Three forwards, each reading the weights.
     expected = forward_s(20, 0, 30, **TARGET) + forward_s(10, 1, 40, **TARGET) + forward_s(N, N, CTX_SUM, **TARGET)
@@ -252,8 +259,8 @@ def test_per_request_prefill_runs_each_prompt_chunk_as_a_target_forward_of_its_o
 def test_a_drafter_with_its_own_kv_prefills_every_prompt_chunk_too(tiny_config):
     cost, config = unit_steps(tiny_config, {"method": "eagle", "num_speculative_tokens": 3})
     plan = plan_step(config, config.full, held([]), 0, [([7, 30, 50], 20)])
-    assert [item[0] for item in plan] == [STEP_HOST, FORWARD, FORWARD]
-    assert plan[1][1] is config.draft and plan[2][1] is config.target
+    assert kinds(plan) == [StepHost, Forward, Forward]
+    assert plan[1].pricer is config.draft and plan[2].pricer is config.target
     seconds, shares = priced(plan, cost)
     # The chunk ends the prompt: the target computes the logits of its last token, the head none.
     head, target = forward_s(20, 0, 50, **EAGLE), forward_s(20, 1, 50, **TARGET)
@@ -278,7 +285,7 @@ def test_rows_proposing_fewer_drafts_verify_their_own_proposal_on_a_flattening_e
     slots = held()
     assert decode_tokens(config, config.full, slots, N) == 7
     plan = plan_step(config, config.full, slots, N)
-    (verify,) = plan[-1][2]
+    (verify,) = plan[-1].groups
     assert (verify.phase, verify.tokens, verify.query_max, verify.kv_tokens_sum) == (VERIFY, 7, 4, 103 + 201 + 300)
     seconds, shares = priced(plan, cost)
     # The drafts still run k = 3 forwards (the chain runs to the longest proposal).
@@ -301,7 +308,7 @@ def test_a_replayed_step_at_which_nobody_drafted_is_a_plain_decode_step(tiny_con
                               proposal_lengths=proposing([1, 1, 1]), replayed_plain_steps=True)
     plan = plan_step(config, config.full, held(), N)
     assert plan.replayed_plain
-    assert [item[0] for item in plan] == [STEP_HOST, UNIFORM] and plan[0] == (STEP_HOST, N, 1)
+    assert kinds(plan) == [StepHost, UniformForward] and plan[0] == StepHost(requests=N, verify_tokens=1)
     seconds, shares = priced(plan, cost)
     assert shares[DRAFT] == 0.0
     assert seconds == pytest.approx(host_s(N) + forward_s(N, N, CTX_SUM, **TARGET), rel=1e-12)
@@ -324,9 +331,9 @@ def test_the_oracle_verifies_exactly_the_predrawn_tokens_of_each_row(tiny_config
 def test_price_sums_a_subtotal_of_the_plan_like_its_items(tiny_config):
     cost, config = unit_steps(tiny_config, {"method": "shadow", "num_speculative_tokens": 3}, engine=HOST)
     plan = plan_step(config, config.full, held(), N)
-    subtotals = [item for item in plan if item[0] == SUBTOTAL]
-    assert len(subtotals) == 1 and len(subtotals[0][1]) == 2       # the first draft forward and the other two
-    flat = [plan[0], *subtotals[0][1], *plan[2:]]
+    subtotals = [item for item in plan if isinstance(item, Subtotal)]
+    assert len(subtotals) == 1 and len(subtotals[0].items) == 2       # the first draft forward and the other two
+    flat = [plan[0], *subtotals[0].items, *plan[2:]]
     assert price(plan, cost, [0.0] * len(PHASES)) == pytest.approx(price(flat, cost, [0.0] * len(PHASES)), rel=1e-12)
 
 

@@ -12,7 +12,7 @@ import tarfile
 
 import pytest
 
-from conftest import run_gpu_check
+from conftest import DRY_RUN, run_gpu_check
 
 pytest.importorskip("torch")
 pytest.importorskip("gguf")
@@ -41,7 +41,7 @@ def test_every_part_of_the_dry_run_writes_its_files(gpu_check_dry_run):
             assert summary["synthetic"]["acceptance"] == [float(name.split("-a")[1].split("-")[0])] * 3
     assert read(out, "specpv-k3-a0.8-b1", "summary.json")["partial_verification"]["partial_steps"] > 0
     bundle = out / "calibration" / "smollm2-135m"
-    assert json.loads((bundle / "meta.json").read_text())["budget"]["budget_s"] == 60
+    assert json.loads((bundle / "meta.json").read_text())["budget"]["budget_s"] == float(DRY_RUN["CAL_BUDGET_S"])
     for folder in ("validate-roofline", "validate-calibrated"):
         text = (out / folder / "validation.csv").read_text()
         assert all(name in text for name in RUNS)

@@ -219,7 +219,8 @@ class Result:
             "partial_verify": self.partial_verify,
             "speedup_band": None if self.speedup_band is None else {
                 "relative": self.speedup_band.relative, "half_width": self.speedup_band.half_width,
-                "cases": list(self.speedup_band.cases), "basis": self.speedup_band.basis},
+                "cases": list(self.speedup_band.cases), "basis": self.speedup_band.basis,
+                "widened": self.speedup_band.widened},
             "provenance": self.provenance,
         }
         return json_safe(out)

@@ -71,6 +71,7 @@ def result_row(point: Point, result) -> dict:
         "speedup": result.speedup, "decode_speedup": result.decode_speedup,
         "speedup_band": None if result.speedup_band is None else result.speedup_band.half_width,
         "speedup_band_cases": None if result.speedup_band is None else len(result.speedup_band.cases),
+        "speedup_band_widened": None if result.speedup_band is None else result.speedup_band.widened is not None,
         "tokens_per_step": run.tokens_per_step,
     }
     for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):

@@ -200,4 +200,8 @@ def trust_text(row) -> str:
     band = row.get("speedup_band")
     if band is None or pd.isna(band):
         return "<br>no comparable validated case" if row.get("speculation") != "none" else ""
+    widened = row.get("speedup_band_widened")      # absent from a results log written before it
+    if widened is not None and not pd.isna(widened) and bool(widened):
+        return (f"<br>within about ±{band:.2f}: its kind's held-out P90, {int(row['speedup_band_cases'])} "
+                f"comparable cases within reach")
     return f"<br>within about ±{band:.2f} on {int(row['speedup_band_cases'])} comparable validated cases"

@@ -6,11 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
 
-from sim.bands import speedup_band
+from sim.bands import references, speedup_band
 from sim.errors import InputError
 from sim.scenario import load_scenario
 from sim.validate.published.catalogue import load_catalogue
@@ -104,10 +105,31 @@ def test_speedup_bands_come_from_comparable_cases():
                          "workload": {"concurrency": 4, "prompt_tokens": 512},
                          "speculation": {"method": "ngram", "acceptance": {"rate": 0.5}}})
     assert speedup_band(cpu, 1.2).basis == "CPU live runs"
+    # Nothing comparable of its kind within reach: the band widens to its kind's held-out P90, and says so.
     far = load_scenario({"hardware": "rtx-4090", "model": "llama-3.2-1b", "workload": {"concurrency": 256, "prompt_tokens": 32768},
                          "speculation": {"method": "draft_model", "draft": {"model": "llama-3.2-1b"},
                                          "acceptance": {"rate": 0.5}}})
-    assert speedup_band(far, 1.1) is None
+    wide = speedup_band(far, 1.1)
+    geforce = [r for r in references() if r.hardware_class == "geforce" and not r.moe]
+    assert wide.widened is not None and "P90" in wide.describe()
+    assert wide.relative == pytest.approx(np.percentile([r.abs_error for r in geforce], 90))
+
+
+def test_a_scenario_outside_the_catalogues_region_gets_at_least_its_kinds_held_out_p90():
+    # gpt-oss-120b (a mixture of experts) at batch 1 on one H100: the nearest held cases are dense
+    # models at batch 1 with errors near 1%; none of them may set its band.
+    moe = load_scenario({"hardware": "h100-sxm", "model": "gpt-oss-120b", "engine": "vllm",
+                         "workload": {"concurrency": 1, "prompt_tokens": 128},
+                         "speculation": {"method": "eagle", "acceptance": {"tokens_per_step": 2.25}}})
+    band = speedup_band(moe, 1.3)
+    held_moe = [r.abs_error for r in references() if r.hardware_class == "datacenter" and r.moe]
+    assert len(held_moe) >= 3
+    assert band.relative >= np.percentile(held_moe, 90) and band.half_width == pytest.approx(band.relative * 1.3)
+    assert "mixture-of-experts" in band.describe()
+    # Its dense twin at the same regime keeps the narrow band of its comparable cases.
+    dense = load_scenario({**moe.model_dump(exclude_unset=True), "model": "llama-3.1-8b", "engine": "sglang"})
+    near = speedup_band(dense, 1.3)
+    assert near.widened is None and near.relative < band.relative
 
 
 @pytest.mark.parametrize("args, message", [

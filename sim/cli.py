@@ -8,6 +8,7 @@ python -m sim validate --published [CATALOGUE] [--out DIR] [--docs FILE] [--scen
 python -m sim validate --published [CATALOGUE] --fit
 python -m sim fit-acceptance RUN_DIR|CAMPAIGN_DIR... [--vllm FILE ...] -o acceptance.yaml
 python -m sim oracle POSITIONS RUN_DIR|CAMPAIGN_DIR... [--calibration DIR] [--pair A,B ...] [--docs FILE]
+python -m sim tables [--gpu PRESET] [--engine NAME]
 python -m sim import-profile vidur-collectives|collectives-csv|vidur-mlp|vidur-cpu-overheads FILE... --out DIR
     --repository URL --path PATH --commit SHA --licence L --hardware PRESET [--interconnect LINK]
     [--library nccl|rccl|...|deepep] [--engine NAME] [--source NAME]
@@ -30,6 +31,8 @@ counters), and SpecPV's disagreement with full verification.
 oracle: from live runs and their drafters' acceptance at every position (profiler positions), the
 predicted speedup of the run's static k, goodput k, Oracle Proposal and Oracle Combine with a second
 drafter on the same prompts.
+tables: the measured operator tables aiconfigurator-core holds for each GPU preset and engine, by
+version and operator family (sim/cost/operator_tables.py).
 import-profile: a table others measured on GPUs (Vidur's NCCL collectives, an engine's own all-reduce or
 DeepEP's all-to-all transcribed from a page, a model's layer kernels, or an engine's host work per
 iteration) as a published profile under calibration/published/, its source recorded and its held-out
@@ -148,6 +151,11 @@ def add_oracle_arguments(parser: argparse.ArgumentParser) -> None:
                              "(repeatable)")
     parser.add_argument("--docs", type=Path, help="a markdown file whose oracle table to replace")
 
+
+
+def add_tables_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--gpu", help="a hardware preset: its tables only")
+    parser.add_argument("--engine", help="an engine preset (vllm, sglang, tensorrt-llm): its tables only")
 
 
 def add_import_profile_arguments(parser: argparse.ArgumentParser) -> None:
@@ -281,6 +289,32 @@ def validate_command(args: argparse.Namespace) -> int:
     if not args.runs:
         raise InputError("RUN_DIR", "give run or campaign folders, or --published [CATALOGUE]")
     return validate(args.runs, calibration=args.calibration, out=args.out, docs=args.docs)
+
+
+@CLI.command("tables", add_tables_arguments)
+def tables_command(args: argparse.Namespace) -> int:
+    """the measured operator tables aiconfigurator-core holds for each GPU preset and engine"""
+    from sim.cost.operator_tables import FRAMEWORKS, coverage, coverage_text, data_root, package_provenance
+    from sim.scenario.presets.hardware import HARDWARE
+
+    if data_root() is None:
+        raise InputError("tables", "aiconfigurator-core is not installed (pip install -e .)")
+    gpus = {name: spec.operator_tables for name, spec in HARDWARE.items() if spec.operator_tables}
+    if args.gpu is not None:
+        if args.gpu not in HARDWARE:
+            raise InputError("--gpu", f"{args.gpu} is no hardware preset ({', '.join(HARDWARE)})")
+        if args.gpu not in gpus:
+            raise InputError("--gpu", f"aiconfigurator-core has no tables of {args.gpu} "
+                                      f"(presets with tables: {', '.join(gpus)})")
+        gpus = {args.gpu: gpus[args.gpu]}
+    frameworks = FRAMEWORKS
+    if args.engine is not None:
+        if args.engine not in FRAMEWORKS:
+            raise InputError("--engine", f"aiconfigurator-core has no tables of engine {args.engine} "
+                                         f"(engines with tables: {', '.join(FRAMEWORKS)})")
+        frameworks = {args.engine: FRAMEWORKS[args.engine]}
+    print(coverage_text(coverage(gpus, frameworks), package_provenance()))
+    return 0
 
 
 @CLI.command("import-profile", add_import_profile_arguments)

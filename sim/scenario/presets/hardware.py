@@ -38,6 +38,9 @@ class HardwareSpec:
     # tiles are too few to hide weight loads behind tensor-core work. Set per hardware class from
     # the published catalogue's fit half (docs/validation-published.md); None keeps the plain roofline.
     gemm_corner: float | None = None
+    # The name aiconfigurator-core's measured operator tables know this GPU by (sim/cost/operator_tables.py);
+    # None where the package measured no such part.
+    operator_tables: str | None = None
 
     @property
     def host_link_gb_s(self) -> float:
@@ -67,24 +70,28 @@ HARDWARE: dict[str, HardwareSpec] = {
     # NVIDIA H100 datasheet (SXM5 80GB): 3.35 TB/s HBM3, 989 TFLOPs dense BF16/FP16, 67 TFLOPs FP32,
     # PCIe Gen5 x16, NVLink 4 900 GB/s total (450 GB/s per direction).
     # Dense FP8: 1,979 TFLOPs.
-    "h100-sxm": HardwareSpec("h100-sxm", 80, 3350, 989.4, 989.4, 67.0, 5, 16, 450, "nvlink4", fp8_tflops=1978.9, gemm_corner=DATACENTER_CORNER),
+    "h100-sxm": HardwareSpec("h100-sxm", 80, 3350, 989.4, 989.4, 67.0, 5, 16, 450, "nvlink4", fp8_tflops=1978.9,
+                             gemm_corner=DATACENTER_CORNER, operator_tables="h100_sxm"),
     # NVIDIA H100 PCIe 80GB: 2.0 TB/s HBM2e, 756 TFLOPs dense BF16, 51 TFLOPs FP32, PCIe Gen5 x16,
     # optional NVLink bridge 600 GB/s total (300 per direction).
     # Dense FP8: 1,513 TFLOPs.
     "h100-pcie": HardwareSpec("h100-pcie", 80, 2000, 756.0, 756.0, 51.0, 5, 16, 300, "nvlink-bridge",
                               fp8_tflops=1513.0, gemm_corner=DATACENTER_CORNER),
     # NVIDIA H200 SXM datasheet: 141 GB HBM3e at 4.8 TB/s, same compute as H100 SXM, NVLink 900 GB/s.
-    "h200": HardwareSpec("h200", 141, 4800, 989.4, 989.4, 67.0, 5, 16, 450, "nvlink4", fp8_tflops=1978.9, gemm_corner=DATACENTER_CORNER),
+    "h200": HardwareSpec("h200", 141, 4800, 989.4, 989.4, 67.0, 5, 16, 450, "nvlink4", fp8_tflops=1978.9,
+                         gemm_corner=DATACENTER_CORNER, operator_tables="h200_sxm"),
     # NVIDIA HGX B200 (per GPU): 180 GB HBM3e at 7.7 TB/s, 2.25 PFLOPs dense BF16, 4.5 PFLOPs dense
     # FP8, 75 TFLOPs FP32, PCIe Gen5 x16, NVLink 5 1.8 TB/s total.
-    "b200": HardwareSpec("b200", 180, 7700, 2250.0, 2250.0, 75.0, 5, 16, 900, "nvlink5", fp8_tflops=4500.0, gemm_corner=DATACENTER_CORNER),
+    "b200": HardwareSpec("b200", 180, 7700, 2250.0, 2250.0, 75.0, 5, 16, 900, "nvlink5", fp8_tflops=4500.0,
+                         gemm_corner=DATACENTER_CORNER, operator_tables="b200_sxm"),
     # AMD Instinct MI300X datasheet: 192 GB HBM3 at 5.3 TB/s, 1,307 TFLOPs dense BF16/FP16, 2,615
     # dense FP8, 163 TFLOPs FP32 matrix, PCIe Gen5 x16, Infinity Fabric 7 links x 64 GB/s per direction.
     "mi300x": HardwareSpec("mi300x", 192, 5300, 1307.4, 1307.4, 163.4, 5, 16, 448, "infinity-fabric",
                            fp8_tflops=2614.9, gemm_corner=DATACENTER_CORNER),
     # NVIDIA A100 datasheet (SXM4 80GB): 2,039 GB/s HBM2e, 312 TFLOPs BF16/FP16, 19.5 TFLOPs FP32,
     # PCIe Gen4 x16, NVLink 3 600 GB/s total.
-    "a100-80g": HardwareSpec("a100-80g", 80, 2039, 312.0, 312.0, 19.5, 4, 16, 300, "nvlink3", gemm_corner=DATACENTER_CORNER),
+    "a100-80g": HardwareSpec("a100-80g", 80, 2039, 312.0, 312.0, 19.5, 4, 16, 300, "nvlink3",
+                             gemm_corner=DATACENTER_CORNER, operator_tables="a100_sxm"),
     # NVIDIA A100 40GB (SXM4): 1,555 GB/s HBM2.
     "a100-40g": HardwareSpec("a100-40g", 40, 1555, 312.0, 312.0, 19.5, 4, 16, 300, "nvlink3", gemm_corner=DATACENTER_CORNER),
     # NVIDIA L40 datasheet: 48 GB GDDR6 at 864 GB/s, 181 TFLOPs dense BF16/FP16 (362 sparse),

@@ -2,6 +2,7 @@
 reason, printed as one line with exit code 2."""
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 
@@ -20,9 +21,15 @@ class InputError(ValueError):
 
 
 def exit_code(command: Callable[[], int]) -> int:
-    """Run a command-line command: its own exit code, or 2 with bad input's one line on stderr."""
+    """Run a command-line command: its own exit code, or 2 with bad input's one line on stderr
+    (1, silently, where the reader of its output, `head` say, closed the pipe)."""
     try:
         return command()
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # What is left to print goes nowhere, so that the interpreter's last flush at exit does not
+        # fail a second time (Python's documented handling of SIGPIPE).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1

@@ -11,9 +11,10 @@ a family being GEMMs (`gemm`), context and generation attention (`attention`), M
 (`quantize`) and others; every row carries its framework, version and device and the operator's
 axes and latency. Nothing of them is copied into this repository: they are read where the package
 installed them. A GPU preset names the system its tables are filed under
-(`HardwareSpec.operator_tables`); an engine preset is a framework by name (`FRAMEWORKS`). Which
-version a scenario takes is the package's own choice (`current_version`: its maintainers' newest
-complete collection) unless the scenario names one.
+(`HardwareSpec.operator_tables`); an engine preset is a framework by name (`FRAMEWORKS`). The
+package marks each GPU's and framework's newest complete collection as its current version
+(`current_version`). Nothing prices a step from these tables yet (issue 64): `sim tables` shows
+what they cover.
 """
 from __future__ import annotations
 
@@ -121,8 +122,7 @@ def coverage_text(rows: list[dict], provenance: dict) -> str:
     """`sim tables`'s printout: per GPU preset and engine, each version's operator families (the
     package's current version marked)."""
     lines = [f"{provenance['package']} {provenance['version']} ({provenance.get('licence')}): measured operator "
-             f"tables by GPU preset, engine and version; * the package's current version, which a scenario "
-             f"takes unless it names one"]
+             f"tables by GPU preset, engine and version (* the package's current version)"]
     width = max((len(f"{r['gpu']} ({r['system']})") for r in rows), default=0)
     for r in rows:
         mark = "*" if r["current"] else " "

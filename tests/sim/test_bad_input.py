@@ -171,3 +171,12 @@ def test_bad_config_json_is_one_line(tmp_path, config, message, sim_cli):
 def test_unwritable_out_is_one_line(tmp_path, sim_cli):
     code, _, stderr = run_scenario(sim_cli, tmp_path, BASE, "--out", str(tmp_path))
     assert code == 2 and stderr.strip() == f"error: --out: cannot write {tmp_path}: Is a directory"
+
+
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly():
+    # `python -m sim tables | head -2`: the printout's rest goes nowhere, exit 1, no traceback.
+    code = ("import sys\nfrom sim.errors import exit_code\n"
+            "def printout():\n    print('first')\n    raise BrokenPipeError\n"
+            "sys.exit(exit_code(printout))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 1 and done.stderr == ""

@@ -35,6 +35,7 @@ from sim.scenario.speculation import PartialVerify
 from sim.slots import DecodeSlots
 from sim.specpv import plan_partial_verify
 
+
 class Lanes(Protocol):
     """Route and combine's lanes (sim/lanes.py LaneAcceptance): whose drafter each row runs."""
 

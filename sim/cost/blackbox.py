@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-
 from sim.cost.batch import PREFILL, Group
 from sim.cost.roofline import RooflinePricer
 from sim.cost.table import select_from_tables

@@ -49,11 +49,7 @@ class CostModel:
         self.all_to_all = all_to_all          # expert parallelism's dispatch and combine (the same module)
         self._pricer_of = pricer_of
         self._pricers: dict[int, Pricer] = {}
-        self.host = host
-        # The host's terms, bound here: the simulator calls them every step.
-        self.step_overhead = host.step_overhead
-        self.speculation_overhead = host.speculation_overhead
-        self.host_draft = host.host_draft
+        self.host = host                      # the engine's host work (sim/cost/work.py HostWork)
 
     def pricer(self, stack: Stack) -> Pricer:
         """The stack's pricer (made the first time it is asked for)."""

@@ -66,6 +66,7 @@ def table_sets(root: Path | None = None) -> tuple[TableSet, ...]:
     return tuple(sets)
 
 
+@lru_cache(maxsize=None)
 def current_version(system: str, framework: str) -> str | None:
     """The version the package's maintainers mark as this GPU's and framework's newest complete
     collection (its `current` slot), or None where it has none."""

@@ -82,7 +82,7 @@ class TablePricer:
         shared = (shared + base) * scale
         attention_of = (lambda g: self.attention_layer_s(g) * scale) if self.attends else None
         return compose(self.rates, groups, tokens, logits, shared, lm_head * scale, attention_of, self, shares,
-                                  forward.offloaded_layers, forward.kv_offloaded, forward.repeat)
+                       forward.offloaded_layers, forward.kv_offloaded, forward.repeat)
 
     def forward_uniform(self, forward: UniformForward, shares: list[float]) -> float:
         # Each request's KV only where the stack's KV window clips it.

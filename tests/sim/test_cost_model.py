@@ -154,7 +154,7 @@ def test_a_black_box_step_of_several_groups_pays_the_step_fixed_cost_once():
     assert both == pytest.approx(alone_decode + alone_prompt - fixed)
     assert sum(parts) == pytest.approx(both)          # the shares split the step's time
     # The drafter's work is inside the measured steps: no separate n-gram time.
-    assert cost.host_draft(4, shares(), 600.0) == 0.0
+    assert cost.host.host_draft(4, shares(), 600.0) == 0.0
 
 
 def test_a_black_box_of_quantized_weights_prices_the_target_from_its_steps():

@@ -128,12 +128,12 @@ def test_speculation_host_work():
     s = scenario(engine="hf-eager", speculation={"method": "eagle", "num_speculative_tokens": 5,
                                                  "acceptance": {"tokens_per_step": 3}})
     shares = [0.0] * len(PHASES)
-    seconds = cost_model_for(s).speculation_overhead(4, 5, shares)
+    seconds = cost_model_for(s).host.speculation_overhead(4, 5, shares)
     # hf-eager's fitted 1 ms a speculative step and 1 ms a draft forward.
     assert seconds == pytest.approx(1e-3 + 5 * 1e-3)
     assert shares[OVERHEAD] == pytest.approx(1e-3) and shares[DRAFT] == pytest.approx(5e-3)
     sglang = scenario(engine="sglang", speculation={"method": "eagle", "acceptance": {"tokens_per_step": 2}})
-    assert cost_model_for(sglang).speculation_overhead(10, 3, [0.0] * len(PHASES)) == pytest.approx(10 * 20e-6)
+    assert cost_model_for(sglang).host.speculation_overhead(10, 3, [0.0] * len(PHASES)) == pytest.approx(10 * 20e-6)
 
 
 def test_eagle_heads_and_tree_topk():

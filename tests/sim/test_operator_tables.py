@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import pyarrow.parquet as pq
-import pytest
 
 from conftest import REPO
 from sim.cost.operator_tables import FRAMEWORKS, coverage, data_root, package_provenance, table_sets, version_key

@@ -69,7 +69,7 @@ def test_a_host_table_without_its_engine_or_with_a_negative_time_is_one_line(tmp
 
 def step_host_s(scenario, requests):
     shares = [0.0] * len(PHASES)
-    seconds = cost_model_for(scenario).step_overhead(requests, shares)
+    seconds = cost_model_for(scenario).host.step_overhead(requests, shares)
     assert shares[OVERHEAD] == pytest.approx(seconds)
     return seconds
 

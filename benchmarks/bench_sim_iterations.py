@@ -5,7 +5,9 @@ with k = 3 and i.i.d. acceptance 0.7; `simulate` runs the speculative run and it
 runs' iterations count. Reported: the best of --repeats timings of the whole `simulate` call
 (scenario validation, request sampling and metrics included) and, separately, of the engine runs
 alone; then the same scenario under the goodput policy (k chosen per iteration from 1..3 or off,
-issue 27's target: >= 50,000 iterations/s too). Run: python benchmarks/bench_sim_iterations.py
+issue 27's target: >= 50,000 iterations/s too). The kernels are priced as `--cost` says (default
+auto: the measured operator tables, which cover the H100 and vLLM; roofline: the roofline).
+Run: python benchmarks/bench_sim_iterations.py [--cost auto|roofline]
 """
 from __future__ import annotations
 
@@ -34,8 +36,10 @@ SCENARIO = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--cost", choices=("auto", "measured", "roofline"), default="auto")
     args = parser.parse_args()
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})   # one core
+    SCENARIO["cost"] = args.cost
 
     scenario = sim.load_scenario(SCENARIO)
     result = sim.simulate(scenario)

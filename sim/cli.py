@@ -1,5 +1,5 @@
-"""python -m sim run SCENARIO [--set FIELD=VALUE ...] [--vary FIELD=V1,V2,...] [--json] [--out FILE]
-python -m sim sweep [STUDY.yaml] [--executor local|ray] [--address ADDR] [--workers N] [--resume] [--out DIR]
+"""python -m sim run SCENARIO [--set FIELD=VALUE ...] [--vary FIELD=V1,V2,...] [--cost auto|measured|roofline] [--json] [--out FILE]
+python -m sim sweep [STUDY.yaml] [--executor local|ray] [--address ADDR] [--workers N] [--resume] [--out DIR] [--cost C]
 python -m sim report RESULTS_DIR [--validation CSV] [--out FILE]
 python -m sim capacity SCENARIO [--set FIELD=VALUE ...] [--tolerance F] [--max-rate QPS] [--json]
 python -m sim recommend SCENARIO [--set FIELD=VALUE ...] [--batches B1,B2,...] [--contexts C1,...] [--max-k K] [--json]
@@ -8,7 +8,7 @@ python -m sim validate --published [CATALOGUE] [--out DIR] [--docs FILE] [--scen
 python -m sim validate --published [CATALOGUE] --fit
 python -m sim fit-acceptance RUN_DIR|CAMPAIGN_DIR... [--vllm FILE ...] -o acceptance.yaml
 python -m sim oracle POSITIONS RUN_DIR|CAMPAIGN_DIR... [--calibration DIR] [--pair A,B ...] [--docs FILE]
-python -m sim tables [--gpu PRESET] [--engine NAME]
+python -m sim tables [--gpu PRESET] [--engine NAME] [--check [--docs FILE]]
 python -m sim import-profile vidur-collectives|collectives-csv|vidur-mlp|vidur-cpu-overheads FILE... --out DIR
     --repository URL --path PATH --commit SHA --licence L --hardware PRESET [--interconnect LINK]
     [--library nccl|rccl|...|deepep] [--engine NAME] [--source NAME]
@@ -50,135 +50,23 @@ import shlex
 import sys
 from pathlib import Path
 
+from sim.cli_arguments import (
+    add_run_arguments,
+    add_sweep_arguments,
+    add_report_arguments,
+    add_capacity_arguments,
+    add_recommend_arguments,
+    add_validate_arguments,
+    add_fit_acceptance_arguments,
+    add_oracle_arguments,
+    add_tables_arguments,
+    add_import_profile_arguments,
+)
 from sim.command_line import CommandLine
 from sim.errors import InputError
 from sim.formats.files import write_atomic
 from sim.scenario import load_scenario, read_mapping, resolve_relative_paths
 from sim.scenario.overrides import parse_value, set_field, split_assignment
-
-
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("scenario", type=Path, help="scenario YAML (docs/scenario.md)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                        help="override a field, e.g. workload.concurrency=64 (repeatable)")
-    parser.add_argument("--vary", metavar="FIELD=V1,V2,...",
-                        help="run once per value of one field and print a row per run")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a summary")
-    parser.add_argument("--out", type=Path, help="also write the JSON to this file")
-
-
-def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("study", nargs="?", help="study YAML, or an embedded study's name (default, smoke); "
-                                                  "default: the embedded default study")
-    parser.add_argument("--executor", choices=("local", "ray"), default="local",
-                        help="local: a process pool on this machine; ray: a Ray cluster (or a local Ray instance)")
-    parser.add_argument("--address", help="with --executor ray: the cluster's address (auto, or HOST:PORT)")
-    parser.add_argument("--workers", type=int, help="worker processes (default: the CPU count)")
-    parser.add_argument("--resume", action="store_true", help="continue a sweep in --out, skipping finished points")
-    parser.add_argument("--overwrite", action="store_true", help="discard the results already in --out and start again")
-    parser.add_argument("--out", type=Path, help="output folder (default reports/STUDY_NAME)")
-    parser.add_argument("--validation", type=Path, help="a validation.csv from sim validate, for the report's parity "
-                                                        "plot (default: the study's `validation`, when present)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.add_argument("--no-baseline-reuse", action="store_true",
-                        help="simulate every point's baseline afresh (same results, slower; for checking)")
-
-
-def add_report_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("results", type=Path, metavar="RESULTS", help="a sweep's folder or its results.parquet")
-    parser.add_argument("--validation", type=Path, help="a validation.csv for the parity plot")
-    parser.add_argument("--out", type=Path, help="HTML file to write (default: report.html beside the results)")
-
-
-def add_capacity_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("scenario", type=Path, help="scenario YAML with an slo block")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                        help="override a field (repeatable)")
-    parser.add_argument("--tolerance", type=float, default=0.02,
-                        help="stop when the bracket is narrower than this fraction of the rate (default 0.02)")
-    parser.add_argument("--max-rate", type=float, help="highest rate to try, in requests/s")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a summary")
-
-
-def add_recommend_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("scenario", type=Path, help="scenario YAML with a speculation method")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                        help="override a field (repeatable)")
-    parser.add_argument("--batches", type=_int_list("--batches"), default=None, metavar="B1,B2,...",
-                        help="batch sizes (closed-loop clients) to try (default 1,2,4,...,256)")
-    parser.add_argument("--contexts", type=_int_list("--contexts"), default=None, metavar="C1,C2,...",
-                        help="prompt tokens to try (default: the scenario's own)")
-    parser.add_argument("--max-k", type=int, default=None,
-                        help="longest chain tried (default: the larger of the scenario's k and 6)")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-
-
-def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("runs", type=Path, nargs="*", metavar="RUN_DIR",
-                        help="folders written by profiler live, or campaign folders written by profiler campaign "
-                             "(every run of every repeat)")
-    parser.add_argument("--calibration", type=Path,
-                        help="calibration bundle (default: a campaign's own, else the roofline model)")
-    parser.add_argument("--published", type=Path, nargs="?", const=Path("-"), metavar="CATALOGUE",
-                        help="predict the published-measurement catalogue instead (default folder: "
-                             "validation/published): errors.csv and parity.html, fit and held half apart")
-    parser.add_argument("--scenarios", type=Path, metavar="DIR",
-                        help="with --published: also write each case's scenario as DIR/CASE.yaml (for sim run)")
-    parser.add_argument("--fit", action="store_true",
-                        help="with --published: search the GEMM corners and speculative host times on the fit "
-                             "half and print them (the presets hold the result)")
-    parser.add_argument("--out", type=Path, help="write validation.csv and parity.html here (with --published: "
-                                                 "errors.csv and parity.html; default the catalogue folder)")
-    parser.add_argument("--docs", type=Path, help="with --out: replace the table between this Markdown file's "
-                                                  "validation markers named after the --out folder")
-
-
-def add_fit_acceptance_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("runs", type=Path, nargs="*", metavar="RUN_DIR",
-                        help="folders written by profiler live, or campaign folders")
-    parser.add_argument("--vllm", type=Path, action="append", default=[], metavar="FILE",
-                        help="vLLM speculative decoding counters: a /metrics scrape or JSON lines (repeatable)")
-    parser.add_argument("-o", "--out", type=Path, required=True, help="acceptance YAML to write")
-
-
-def add_oracle_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("positions", type=Path, metavar="POSITIONS", help="the table written by profiler positions")
-    parser.add_argument("runs", type=Path, nargs="+", metavar="RUN_DIR", help="live run folders, or campaign folders "
-                                                                               "(their autoregressive runs included)")
-    parser.add_argument("--calibration", type=Path, help="the bundle that prices the runs (as sim validate)")
-    parser.add_argument("--pair", action="append", default=[], metavar="A,B",
-                        help="drafter labels (as sim validate prints them) to combine per step, A's pricing "
-                             "(repeatable)")
-    parser.add_argument("--docs", type=Path, help="a markdown file whose oracle table to replace")
-
-
-
-def add_tables_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--gpu", help="a hardware preset: its tables only")
-    parser.add_argument("--engine", help="an engine preset (vllm, sglang, tensorrt-llm): its tables only")
-
-
-def add_import_profile_arguments(parser: argparse.ArgumentParser) -> None:
-    from sim.imports import KINDS
-
-    parser.add_argument("kind", choices=tuple(KINDS),
-                        help="the source's format: Vidur's network/*/<collective>.csv; a collective table "
-                             "transcribed from a page (op, ranks, elements, dtype_bytes, ms, library); Vidur's "
-                             "compute/<gpu>/<model>/mlp.csv; or Vidur's <gpu>/cpu_overheads.csv")
-    parser.add_argument("files", type=Path, nargs="+", metavar="FILE", help="the source's tables (one a collective)")
-    parser.add_argument("--out", type=Path, required=True, help="the published profile's folder to write")
-    parser.add_argument("--source", default="Vidur", help="who published the table")
-    parser.add_argument("--repository", required=True, help="the repository or page the files come from")
-    parser.add_argument("--path", required=True, help="where in it")
-    parser.add_argument("--commit", required=True, help="the repository's commit (or the page's date)")
-    parser.add_argument("--licence", required=True, help="the source's licence")
-    parser.add_argument("--hardware", required=True, help="the hardware preset the source measured on")
-    parser.add_argument("--interconnect",
-                        help="collectives: the GPU-to-GPU link class, as hardware presets name it (nvlink4, nvlink3, ...)")
-    parser.add_argument("--library", default="nccl",
-                        help="the collectives' library: nccl, rccl, vllm-custom, sglang-custom, trtllm-custom, custom "
-                             "or deepep (an all-to-all)")
-    parser.add_argument("--engine", help="host tables: the engine whose iterations were timed")
 
 
 # ---- the commands, in the order --help lists them ----------------------------------------------
@@ -193,7 +81,7 @@ def run_command(args: argparse.Namespace) -> int:
     from sim.summary import format_rows, format_summary
 
     vary, out = args.vary, args.out
-    mapping = scenario_with_overrides(args.scenario, args.overrides)
+    mapping = scenario_with_overrides(args.scenario, args.overrides, args.cost)
     if vary is None:
         result = simulate(mapping)
         payload = result.to_dict()
@@ -230,7 +118,7 @@ def sweep_command(args: argparse.Namespace) -> int:
     return sweep(SweepOptions(study=args.study, out=args.out, executor=args.executor, address=args.address,
                               workers=args.workers, resume=args.resume, overwrite=args.overwrite,
                               validation=args.validation, quiet=args.quiet,
-                              reuse_baselines=not args.no_baseline_reuse))
+                              reuse_baselines=not args.no_baseline_reuse, cost=args.cost))
 
 
 @CLI.command("report", add_report_arguments)
@@ -247,7 +135,7 @@ def capacity_command(args: argparse.Namespace) -> int:
     from sim.capacity import find_capacity, format_capacity
     from sim.result import json_safe
 
-    result = find_capacity(scenario_with_overrides(args.scenario, args.overrides), tolerance=args.tolerance,
+    result = find_capacity(scenario_with_overrides(args.scenario, args.overrides, args.cost), tolerance=args.tolerance,
                            max_rate_qps=args.max_rate)
     print(json.dumps(json_safe(result)) if args.json else format_capacity(result))
     return 0
@@ -259,7 +147,7 @@ def recommend_command(args: argparse.Namespace) -> int:
     from sim.recommend import format_recommendation, recommend
     from sim.result import json_safe
 
-    out = recommend(scenario_with_overrides(args.scenario, args.overrides), args.batches, args.contexts, args.max_k)
+    out = recommend(scenario_with_overrides(args.scenario, args.overrides, args.cost), args.batches, args.contexts, args.max_k)
     print(json.dumps(json_safe(out)) if args.json else format_recommendation(out))
     return 0
 
@@ -283,7 +171,8 @@ def validate_command(args: argparse.Namespace) -> int:
             from sim.validate.commands import fit_published
 
             return fit_published(catalogue)
-        return validate_published(catalogue, out=args.out, docs=args.docs, scenarios=args.scenarios)
+        return validate_published(catalogue, out=args.out, docs=args.docs, scenarios=args.scenarios,
+                                  cost=args.cost or "auto")
     if args.fit:
         raise InputError("--fit", "goes with --published")
     if not args.runs:
@@ -313,7 +202,32 @@ def tables_command(args: argparse.Namespace) -> int:
             raise InputError("--engine", f"aiconfigurator-core has no tables of engine {args.engine} "
                                          f"(engines with tables: {', '.join(FRAMEWORKS)})")
         frameworks = {args.engine: FRAMEWORKS[args.engine]}
+    if args.docs is not None and not args.check:
+        raise InputError("--docs", "needs --check")
+    if args.check:
+        return check_tables_command(gpus, frameworks, args)
     print(coverage_text(coverage(gpus, frameworks), package_provenance()))
+    return 0
+
+
+def check_tables_command(gpus: dict[str, str], frameworks: dict[str, str], args: argparse.Namespace) -> int:
+    """`sim tables --check`: the interpolation's held-out errors, printed and optionally into --docs."""
+    from tqdm import tqdm
+
+    from sim.cost.table_check import check_markdown, check_tables
+    from sim.formats.provenance import repo_relative
+    from sim.validate.commands import update_docs
+
+    pairs = [(system, framework) for system in dict.fromkeys(gpus.values()) for framework in frameworks.values()]
+    rows = [row for system, framework in tqdm(pairs, desc="tables", unit="engine") for row in
+            check_tables(system, framework)]
+    command = " ".join(["python -m sim tables --check", *(["--gpu", args.gpu] if args.gpu else []),
+                        *(["--engine", args.engine] if args.engine else []),
+                        *(["--docs", repo_relative(args.docs)] if args.docs is not None else [])])
+    text = check_markdown(rows, command)
+    if args.docs is not None:
+        update_docs(args.docs, "operator-tables", text)
+    print(text)
     return 0
 
 
@@ -370,18 +284,12 @@ def main(argv: list[str] | None = None) -> int:
 
 # ---- helpers -------------------------------------------------------------------------------------
 
-def _int_list(flag: str):
-    def parse(text: str) -> list[int]:
-        try:
-            return [int(x) for x in text.split(",")]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expects integers separated by commas (got {text!r})") from None
-    return parse
-
-
-def scenario_with_overrides(path: Path, overrides: list[str]) -> dict:
-    """The scenario file's mapping, its relative paths resolved, each `--set FIELD=VALUE` applied."""
+def scenario_with_overrides(path: Path, overrides: list[str], cost: str | None = None) -> dict:
+    """The scenario file's mapping, its relative paths resolved, each `--set FIELD=VALUE` applied,
+    then `--cost`."""
     mapping = resolve_relative_paths(read_mapping(path), path.parent)
     for override in overrides:
         set_field(mapping, *split_assignment(override, "--set"))
+    if cost is not None:
+        mapping["cost"] = cost
     return mapping

@@ -145,6 +145,16 @@ def bundle_provenance(path) -> dict:
             "held_out_median_error": (meta.get("held_out") or {}).get("median_abs_error")}
 
 
+def cost_model_name(scenario: Scenario, cost_origins: dict) -> str:
+    """calibrated:BUNDLE, measured:GPU/FRAMEWORK/VERSION (the operator tables) or roofline."""
+    if scenario.calibration is not None:
+        return f"calibrated:{repo_relative(scenario.calibration)}"
+    tables = cost_origins.get("operator_tables")
+    if tables:
+        return f"measured:{tables['system']}/{tables['framework']}/{tables['version']}"
+    return "roofline"
+
+
 def provenance(scenario: Scenario, warnings: list[str] | None = None, cost_origins: dict | None = None) -> dict:
     """cost_origins: where the speculative run's prices came from, per stack and for the host
     (sim/cost/model.py CostModel.origins; the baseline's when it alone ran from this call)."""
@@ -154,7 +164,7 @@ def provenance(scenario: Scenario, warnings: list[str] | None = None, cost_origi
         "model": scenario.model_spec.name,
         "dtype": scenario.dtype,
         "engine": scenario.engine_spec.name,
-        "cost_model": "roofline" if scenario.calibration is None else f"calibrated:{repo_relative(scenario.calibration)}",
+        "cost_model": cost_model_name(scenario, cost_origins or {}),
         "calibration": bundle,
         "warnings": warnings or [],
         "cost_origins": cost_origins or {},

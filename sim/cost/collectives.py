@@ -45,6 +45,7 @@ class InterconnectGuess:
 
 class MeasuredCollectives:
     """A published profile's all-reduce table at the scenario's GPU count."""
+    kind = "published"
 
     def __init__(self, profile: PublishedProfile):
         self.table = profile.tables["all_reduce"]

@@ -19,6 +19,15 @@ class HostLink(Protocol):
     overlap_transfer: bool
 
 
+def token_counts(groups: Sequence[Group]) -> tuple[int, int]:
+    """(query tokens, tokens that need logits) of a forward over `groups`."""
+    tokens = logits = 0
+    for g in groups:
+        tokens += g.tokens
+        logits += g.logits_tokens
+    return tokens, logits
+
+
 def compose(rates: HostLink, groups: Sequence[Group], tokens: int, logits: int, shared: float, lm_head: float,
             attention_of, c, shares: list[float], offloaded_layers: int, kv_offloaded: bool, repeat: int) -> float:
     """A forward's seconds from its terms: `shared` (split among the groups by query tokens),

@@ -30,6 +30,10 @@ from sim.cost.stack import Stack, quantized_weight_bytes
 from sim.cost.table import BundleHost, TablePricer
 from sim.cost.kernels import LayerKernels
 from sim.cost.work import Forward, HostWork, Pricer, Selection, UniformForward
+from sim.cost.measured import MeasuredPricer
+from sim.cost.measured_model import MeasuredAllReduce, TermOrigins, measured_tables_for
+from sim.cost.measured_tables import OperatorTables
+from sim.errors import InputError
 from sim.formats.bundle import Bundle, check_bundle, load_bundle
 from sim.formats.published import PublishedProfile, check_kernels, is_published, load_published
 from sim.scenario.schema import Scenario
@@ -50,6 +54,7 @@ class CostModel:
         self._pricer_of = pricer_of
         self._pricers: dict[int, Pricer] = {}
         self.host = host                      # the engine's host work (sim/cost/work.py HostWork)
+        self.operator_tables: OperatorTables | None = None   # the measured tables pricing it, if they do
 
     def pricer(self, stack: Stack) -> Pricer:
         """The stack's pricer (made the first time it is asked for)."""
@@ -60,11 +65,17 @@ class CostModel:
 
     def origins(self) -> dict[str, str]:
         """Where each term priced so far comes from: per stack, and the engine's host work."""
-        origins = {**{p.stack.name: p.origin for p in self._pricers.values()}, "host": self.host.origin}
+        origins: dict = {**{p.stack.name: p.origin for p in self._pricers.values()}, "host": self.host.origin}
         if self.collectives is not None and self.scenario.tensor_parallel > 1:
             origins["all_reduce"] = self.collectives.origin
         if self.all_to_all is not None and self.scenario.tensor_parallel > 1 and self.scenario.expert_parallel:
             origins["all_to_all"] = self.all_to_all.origin
+        terms = {p.stack.name: p.terms.counts for p in self._pricers.values() if hasattr(p, "terms")}
+        if terms:
+            # Each term's origin (measured, extrapolated, roofline), lookup by lookup (sim/cost/measured.py).
+            origins["terms"] = terms
+            if self.operator_tables is not None:
+                origins["operator_tables"] = self.operator_tables.provenance
         return origins
 
     def needs_kv_tokens(self, stack: Stack, query: int) -> bool:
@@ -100,13 +111,20 @@ class CostModel:
 
 
 def cost_model_for(scenario: Scenario) -> CostModel:
-    """The scenario's cost model: its calibration bundle's, or the roofline's."""
+    """The scenario's cost model: its calibration bundle's, else the measured operator tables'
+    where they cover its GPU and engine (`cost`), else the roofline's."""
     if scenario.calibration is None:
+        tables, missing = measured_tables_for(scenario)
+        if tables is not None:
+            return measured_cost_model(scenario, tables)
         rates = RooflineRates(scenario, link_gb_s=scenario.offload.link_gb_s)
         host, host_warnings = host_for(scenario)
         return CostModel(scenario, lambda stack: RooflinePricer(stack, rates), host,
-                         warnings=list(rates.warnings) + host_warnings, collectives=rates.collectives,
-                         all_to_all=rates.all_to_all)
+                         warnings=([missing] if missing else []) + list(rates.warnings) + host_warnings,
+                         collectives=rates.collectives, all_to_all=rates.all_to_all)
+    if scenario.cost == "measured":
+        raise InputError("cost", "measured prices from the measured operator tables; a scenario with a calibration "
+                                 "is priced by its bundle (use cost: auto)")
     if is_published(scenario.calibration):
         return published_cost_model(scenario, load_published(scenario.calibration))
     return calibrated_cost_model(scenario, load_bundle(scenario.calibration))
@@ -186,3 +204,24 @@ def calibrated_cost_model(scenario: Scenario, bundle: Bundle) -> CostModel:
         return pricer
 
     return CostModel(scenario, pricer_of, BundleHost(bundle, RooflineHost(scenario.engine_spec)), bundle, warnings)
+
+
+def measured_cost_model(scenario: Scenario, tables: OperatorTables) -> CostModel:
+    """Every stack priced by the measured tables (sim/cost/measured.py), the all-reduce by the
+    engine's measured one where the tables hold the GPU count, the host by the engine preset."""
+    all_reduce = None
+    if scenario.tensor_parallel > 1:
+        grid = tables.all_reduce(scenario.tensor_parallel)
+        if grid is not None:
+            all_reduce = MeasuredAllReduce(grid, tables)
+    rates = RooflineRates(scenario, link_gb_s=scenario.offload.link_gb_s, all_reduce=all_reduce)
+    terms: dict[str, TermOrigins] = {}
+
+    def pricer_of(stack: Stack) -> MeasuredPricer:
+        return MeasuredPricer(stack, rates, tables, scenario.kv_bytes, terms.setdefault(stack.name, TermOrigins()))
+
+    host, host_warnings = host_for(scenario)
+    model = CostModel(scenario, pricer_of, host, warnings=list(rates.warnings) + host_warnings,
+                      collectives=rates.collectives, all_to_all=rates.all_to_all)
+    model.operator_tables = tables
+    return model

@@ -24,7 +24,7 @@ from sim.cost.coefficients import StackCost
 from sim.cost.collectives import all_to_all_for, collectives_for
 from sim.cost.compose import compose, with_transfer
 from sim.cost.stack import Stack
-from sim.cost.work import Forward, Selection, UniformForward
+from sim.cost.work import AllReduce, Forward, Selection, UniformForward
 from sim.scenario.schema import Scenario
 
 
@@ -34,7 +34,7 @@ class RooflineRates:
     host terms; with each stack's coefficients (`stack_cost`) and the composition of a forward from
     its terms (`compose`), which the operator tables' pricer shares (sim/cost/table.py)."""
 
-    def __init__(self, scenario: Scenario, link_gb_s: float | None = None, kernels=None):
+    def __init__(self, scenario: Scenario, link_gb_s: float | None = None, kernels=None, all_reduce=None):
         hw = scenario.hardware_spec
         self.kernels = kernels      # sim/cost/kernels.py LayerKernels, for the stacks it fits
         engine = scenario.engine_spec
@@ -51,8 +51,11 @@ class RooflineRates:
                                 if scenario.dtype == "int4" and engine.int4_mem_efficiency else 1.0)
         self.bytes_s = hw.hbm_gb_s * 1e9 * engine.mem_efficiency
         self.link_bytes_s = (link_gb_s or hw.host_link_gb_s * engine.link_efficiency) * 1e9
-        # An all-reduce's price: a published table where one matches, else the guess (warned).
-        self.collectives, collectives_warning = collectives_for(scenario)
+        # An all-reduce's price: the one given (the measured operator tables'), else a published
+        # table where one matches, else the guess (warned).
+        self.collectives: AllReduce
+        self.collectives, collectives_warning = (all_reduce, None) if all_reduce is not None else \
+            collectives_for(scenario)
         # Expert parallelism's all-to-all: the published table the engine names, else the guess (warned).
         self.all_to_all, all_to_all_warning = all_to_all_for(scenario)
         self.warnings = [w for w in (collectives_warning, all_to_all_warning) if w]

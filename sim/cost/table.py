@@ -25,7 +25,7 @@ import numpy as np
 
 from sim.cost.batch import DRAFT, OVERHEAD, PARTIAL, SELECTION, Group
 from sim.cost.coefficients import LinearCost
-from sim.cost.compose import compose
+from sim.cost.compose import compose, token_counts
 from sim.cost.host import RooflineHost
 from sim.cost.roofline import RooflinePricer, RooflineRates
 from sim.cost.stack import Stack
@@ -69,8 +69,7 @@ class TablePricer:
 
     def forward(self, forward: Forward, shares: list[float]) -> float:
         groups = forward.groups
-        tokens = sum(g.tokens for g in groups)
-        logits = sum(g.logits_tokens for g in groups)
+        tokens, logits = token_counts(groups)
         if tokens == 0:
             return 0.0
         requests = sum(g.requests for g in groups)

@@ -54,6 +54,15 @@ class Pricer(Protocol):
         ...
 
 
+class AllReduce(Protocol):
+    """A tensor-parallel all-reduce's price (sim/cost/collectives.py, sim/cost/measured.py)."""
+    origin: str
+
+    def all_reduce_s(self, message_bytes: float, ranks: int) -> float:
+        """One all-reduce of `message_bytes` across `ranks` GPUs."""
+        ...
+
+
 class HostWork(Protocol):
     """The engine's host work, in seconds; each phase's part into `shares`."""
     origin: str

@@ -136,6 +136,10 @@ class Scenario(Strict):
     expert_parallel: bool = False
     engine: Union[str, dict[str, Any]] = "vllm"
     calibration: Path | None = None
+    # What prices the GPU's kernels without a calibration: auto takes the measured operator tables
+    # (aiconfigurator-core) where they cover the GPU and engine and the roofline elsewhere;
+    # measured or roofline forces one (sim/cost/model.py).
+    cost: Literal["auto", "measured", "roofline"] = "auto"
     workload: Workload = Workload()
     speculation: Speculation = Speculation()
     offload: Offload = Offload()

@@ -31,6 +31,7 @@ class SweepOptions:
     validation: Path | None = None        # a validation.csv for the report's parity plot
     quiet: bool = False
     reuse_baselines: bool = True
+    cost: str | None = None               # every point's `cost` without a calibration (None: the study's)
 
 
 def sweep(options: SweepOptions) -> int:
@@ -54,6 +55,8 @@ def sweep(options: SweepOptions) -> int:
         raise InputError("--out", f"{out} already holds a sweep's results; pass --resume to finish it, "
                                      f"--overwrite to start again, or choose another --out")
     points = expand_points(loaded)
+    if options.cost is not None:
+        points = with_cost(points, options.cost)
     check_points(points)      # a bad grid value stops the sweep here, before any point runs
     if options.overwrite:
         log.discard()
@@ -193,3 +196,19 @@ def rebuild_report(folder: Path, validation_csv: Path | None = None, out: Path |
     write_report(out, frame, provenance, validation)
     print(f"wrote {out}")
     return 0
+
+
+def with_cost(points: list, cost: str) -> list:
+    """The points with `cost` set where no calibration prices them (`--cost`), each with the id of
+    its new scenario (a resumed sweep tells the two apart)."""
+    from dataclasses import replace
+
+    from sim.sweep.study import point_id
+
+    out = []
+    for point in points:
+        if point.scenario.get("calibration") is None:
+            scenario = {**point.scenario, "cost": cost}
+            point = replace(point, scenario=scenario, id=point_id(point.group, scenario))
+        out.append(point)
+    return out

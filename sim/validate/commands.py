@@ -105,31 +105,35 @@ def validate_server(runs, paths: list[Path], run_dirs: list[Path], calibration: 
 
 
 def validate_published(catalogue: Path, out: Path | None = None, docs: Path | None = None,
-                       scenarios: Path | None = None) -> int:
+                       scenarios: Path | None = None, cost: str = "auto") -> int:
     """Predict every case of the published catalogue, print the halves' errors, write errors.csv
     and parity.html into `out` (default: the catalogue folder) and, with `docs`, the tables between
     the Markdown file's `validation:published` markers; with `scenarios`, each case's scenario as
-    SCENARIOS/CASE.yaml (the acceptance it was predicted with), ready for `sim run`."""
+    SCENARIOS/CASE.yaml (the acceptance it was predicted with), ready for `sim run`; `cost` is
+    every case's scenario field (auto: the measured operator tables where they cover it)."""
     import time
 
+    from sim.cost.operator_tables import package_provenance
     from sim.validate.published.catalogue import load_catalogue
     from sim.validate.published.predict import predict_catalogue
     from sim.validate.published.report import csv_text, markdown_tables, parity_html, predictions_frame, summarize
 
     started = time.perf_counter()
     loaded = load_catalogue(catalogue)
-    predictions = predict_catalogue(loaded, progress=True)
+    predictions = predict_catalogue(loaded, progress=True, cost=cost)
     frame = predictions_frame(predictions)
     summary = summarize(frame)
     elapsed = time.perf_counter() - started
     out = catalogue if out is None else out
     provenance = {"catalogue": repo_relative(catalogue), "cases": len(predictions), "sources": len(loaded.sources),
                   "fit": loaded.halves.fit,
-                  "cost_model": "roofline; layers from a published kernel table where one matches (column kernels)",
+                  "cost_model": f"cost {cost}: each case's in column cost (the measured operator tables, the roofline, "
+                                "or a published kernel table for the layers: column kernels)",
+                  "operator_tables": package_provenance(),
                   "git_revision": git_revision(),
                   "versions": versions(), "seed": 0}
-    title = (f"Published GPU measurements: {len(predictions)} cases from {len(loaded.sources)} sources, roofline "
-             f"and published kernels, "
+    title = (f"Published GPU measurements: {len(predictions)} cases from {len(loaded.sources)} sources, "
+             f"cost {cost} (measured operator tables, roofline and published kernels), "
              f"git {git_revision()[:12]}")
     try:
         write_atomic(out / "errors.csv", csv_text(frame, provenance))
@@ -138,11 +142,12 @@ def validate_published(catalogue: Path, out: Path | None = None, docs: Path | No
         raise InputError("--out", f"cannot write into {out}: {exc.strerror or exc}") from None
     command = " ".join(["python -m sim validate --published", repo_relative(catalogue),
                         *(["--out", repo_relative(out)] if out != catalogue else []),
-                        *(["--docs", repo_relative(docs)] if docs is not None else [])])
+                        *(["--docs", repo_relative(docs)] if docs is not None else []),
+                        *(["--cost", cost] if cost != "auto" else [])])
     if docs is not None:
         update_docs(docs, "published", markdown_tables(frame, summary, command))
     if scenarios is not None:
-        write_case_scenarios(scenarios, loaded, predictions)
+        write_case_scenarios(scenarios, loaded, predictions, cost)
     for half, s in summary.items():
         print(f"{half:>4}: {s['cases']} cases from {s['sources']} sources ({s['anchors']} anchors): median |error| "
               f"{s['median_abs_error']:.1%}, P90 {s['p90_abs_error']:.1%}, worst {s['worst_abs_error']:.1%}; "
@@ -171,14 +176,14 @@ def fit_published(catalogue: Path) -> int:
     return 0
 
 
-def write_case_scenarios(folder: Path, catalogue, predictions) -> None:
+def write_case_scenarios(folder: Path, catalogue, predictions, cost: str = "auto") -> None:
     """Each case's scenario mapping as FOLDER/CASE.yaml, the folder replaced whole."""
     from sim.formats.files import write_folder_atomic
     from sim.validate.published.scenarios import case_scenario
 
     def fill(target: Path) -> None:
         for p in predictions:
-            mapping = plain(case_scenario(p.entry, catalogue, p.acceptance))
+            mapping = plain(case_scenario(p.entry, catalogue, p.acceptance, cost=cost))
             if "calibration" in mapping:    # relative to the scenario's folder, as sim run resolves it
                 mapping["calibration"] = os.path.relpath(mapping["calibration"], folder.resolve())
             header = f"# {p.entry.case.id} ({p.entry.source.id}, {p.entry.case.where}): measured {p.measured:g}x {p.entry.case.metric}\n"

@@ -94,6 +94,13 @@ CASES = [
      "speculation: acceptance.tokens_per_step 9.0 exceeds the 4 a step can commit"),
     ("missing trace file", with_changes(speculation__acceptance={"trace": "no/such.csv"}),
      "speculation.acceptance.trace: no such file"),
+    ("engine version the tables lack", with_changes(engine={"preset": "vllm", "version": "0.1.0"}),
+     "engine.version: no measured operator tables of vllm 0.1.0 on h100_sxm (held: "),
+    ("measured cost on a GPU the tables lack", with_changes(hardware="rtx-3090", cost="measured"),
+     "cost: measured: the measured operator tables hold no rtx-3090"),
+    ("measured cost on an engine the tables lack", with_changes(engine="gpt-fast", cost="measured"),
+     "cost: measured: the measured operator tables hold no engine gpt-fast"),
+    ("unknown cost", with_changes(cost="tables"), "cost: input should be 'auto', 'measured' or 'roofline'"),
 ]
 
 

@@ -147,11 +147,15 @@ def test_per_position_rates_set_the_tokens_per_step():
     assert result.run.tokens_per_step == pytest.approx(expected, rel=0.03)
 
 
-def test_speedup_shrinks_as_batch_grows_for_a_chain_at_short_context():
+@pytest.mark.parametrize("cost", ["measured", "roofline"])
+def test_speedup_shrinks_as_batch_grows_for_a_chain_at_short_context(cost):
+    # From batch 8 on: below it the measured kernels' floors and the host work of a step make batch
+    # 1 no faster a token than batch 8 (1.54x against 1.67x at k = 5 on the measured tables).
     speedups = []
-    for batch in (1, 32, 256):
+    for batch in (8, 64, 256):
         s = scenario({"concurrency": batch, "requests": 2 * batch, "prompt_tokens": 128, "output_tokens": 128},
-                     {"method": "eagle", "num_speculative_tokens": 5, "acceptance": {"tokens_per_step": 2.8}})
+                     {"method": "eagle", "num_speculative_tokens": 5, "acceptance": {"tokens_per_step": 2.8}},
+                     cost=cost)
         speedups.append(sim.simulate(s).decode_speedup)
     assert speedups[0] > speedups[1] > speedups[2]
 

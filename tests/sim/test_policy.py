@@ -44,7 +44,7 @@ def summary(result) -> tuple:
 
 @pytest.mark.parametrize("scenario,before", BEFORE_POLICIES, ids=["eagle", "draft-model", "ngram-static", "tree"])
 def test_static_policy_reproduces_the_results_before_policies(scenario, before):
-    result = sim.simulate(with_policy(scenario, "static"))
+    result = sim.simulate(with_policy(scenario | {"cost": "roofline"}, "static"))
     assert (result.throughput_tok_s, result.baseline.throughput_tok_s, result.run.tpot_ms["p50"]) == before
     assert result.run.drafting_share is None
 

@@ -68,6 +68,9 @@ class EngineSpec:
     collectives: str = "nccl"
     all_to_all: str = ""
     host_profile: str = ""
+    # The engine's version whose measured operator tables price it (sim/cost/measured_tables.py);
+    # empty: the newest complete collection the tables hold.
+    version: str = ""
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -96,11 +99,12 @@ ENGINES: dict[str, EngineSpec] = {
                           ngram_lookup_s=15e-6, collectives="vllm-custom", draft_forward_overhead_s=0.39e-3,
                           host_profile="vidur-a100-host"),
     # SGLang with CUDA graphs and an overlapped scheduler: slightly less host time per step.
-    # speculation_request_overhead_s set on the published catalogue's fit half (EAGLE-3's SGLang
-    # table, batch 2-64 on an H100) by `python -m sim validate --published --fit`.
+    # speculation_request_overhead_s and speculation_step_overhead_s set on the published
+    # catalogue's fit half (EAGLE-3's SGLang table, batch 2-64 on an H100, its kernels priced from
+    # the measured operator tables) by `python -m sim validate --published --fit` (2026-12-06).
     "sglang": EngineSpec("sglang", mem_efficiency=0.82, compute_efficiency=0.65, step_overhead_s=200e-6,
                          request_overhead_s=4e-6, forward_overhead_s=30e-6, layer_overhead_s=0.0,
-                         ngram_lookup_s=15e-6, speculation_request_overhead_s=20e-6,
+                         ngram_lookup_s=15e-6, speculation_request_overhead_s=80e-6, speculation_step_overhead_s=0.5e-3,
                          collectives="sglang-custom"),
     # TensorRT-LLM with in-flight batching and CUDA graphs: no public per-step host figure was found,
     # so its host terms are SGLang's.

@@ -75,8 +75,11 @@ def resolve_engine(value: str | dict) -> EngineSpec:
                 raise InputError(f"engine.{key}", f"has no effect beside host_profile "
                                                   f"{overrides.get('host_profile', base.host_profile)!r}, which "
                                                   f"prices each step's host work (set host_profile: '' to use it)")
+    if "version" in overrides and not isinstance(overrides["version"], str):
+        raise InputError("engine.version", f"must be a version string such as '0.24.0', quoted in YAML "
+                                           f"(got {overrides['version']!r})")
     for key, number in overrides.items():
-        if key in ("name", "collectives", "host_profile", "all_to_all"):
+        if key in ("name", "collectives", "host_profile", "all_to_all", "version"):
             continue
         if not _is_finite_number(number) or number < 0:
             raise InputError(f"engine.{key}", f"must be a non-negative number (got {number!r})")

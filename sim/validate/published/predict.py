@@ -31,6 +31,7 @@ class Prediction:
     note: str = ""
     draft_share: float = 0.0     # drafting's share of the speculative run's time (host drafting included)
     kernels: str = ""            # the published kernel table its layers were priced by ("": the roofline)
+    cost: str = ""               # what priced its GPU kernels: measured:GPU/ENGINE/VERSION, roofline or calibrated:...
 
     @property
     def error(self) -> float:
@@ -46,7 +47,7 @@ class Prediction:
                 "predicted_speedup": self.predicted, "error": self.error if self.role == "predicted" else None,
                 "acceptance": ", ".join(f"{k} {v:.4g}" for k, v in self.acceptance.items()),
                 "tokens_per_step": self.tokens_per_step, "draft_share": self.draft_share,
-                "kernels": self.kernels, "note": self.note}
+                "kernels": self.kernels, "cost": self.cost, "note": self.note}
 
 
 def speedup_of(result, case) -> float:
@@ -59,23 +60,25 @@ def speedup_of(result, case) -> float:
     return spec.throughput_tok_s / base.throughput_tok_s
 
 
-def simulate_case(entry: Entry, catalogue: Catalogue, acceptance: dict, settings: Settings | None = None):
+def simulate_case(entry: Entry, catalogue: Catalogue, acceptance: dict, settings: Settings | None = None,
+                  cost: str = "auto"):
     from sim.simulate import simulate
 
     try:
-        return simulate(case_scenario(entry, catalogue, acceptance, settings))
+        return simulate(case_scenario(entry, catalogue, acceptance, settings, cost))
     except InputError as exc:
         raise InputError(f"{entry.file}: case {entry.case.id}", f"cannot be simulated: {exc}") from None
 
 
-def solve_anchor(entry: Entry, catalogue: Catalogue, settings: Settings | None = None) -> Prediction:
+def solve_anchor(entry: Entry, catalogue: Catalogue, settings: Settings | None = None,
+                 cost: str = "auto") -> Prediction:
     """The per-token acceptance rate at which the simulated speedup equals the measured one."""
     started = time.perf_counter()
     case = entry.case
     evaluated: dict[float, tuple] = {}
 
     def gap(rate: float) -> float:
-        result = simulate_case(entry, catalogue, {"rate": rate}, settings)
+        result = simulate_case(entry, catalogue, {"rate": rate}, settings, cost)
         evaluated[rate] = (result, speedup_of(result, case))
         return evaluated[rate][1] - case.speedup
 
@@ -98,9 +101,10 @@ def solve_anchor(entry: Entry, catalogue: Catalogue, settings: Settings | None =
                       **pricing_columns(result))
 
 
-def predict_case(entry: Entry, catalogue: Catalogue, acceptance: dict, settings: Settings | None = None) -> Prediction:
+def predict_case(entry: Entry, catalogue: Catalogue, acceptance: dict, settings: Settings | None = None,
+                 cost: str = "auto") -> Prediction:
     started = time.perf_counter()
-    result = simulate_case(entry, catalogue, acceptance, settings)
+    result = simulate_case(entry, catalogue, acceptance, settings, cost)
     return Prediction(entry, "predicted", entry.case.speedup, speedup_of(result, entry.case), acceptance,
                       result.speculative.tokens_per_step, time.perf_counter() - started,
                       mean_length(result.scenario.workload.prompt_tokens), **pricing_columns(result))
@@ -108,10 +112,11 @@ def predict_case(entry: Entry, catalogue: Catalogue, acceptance: dict, settings:
 
 def pricing_columns(result) -> dict:
     """What a prediction shows beside its speedup: drafting's share of the speculative run's time,
-    and the published kernel table that priced its layers, if one did."""
+    the published kernel table that priced its layers, if one did, and what priced its kernels."""
     calibration = result.scenario.calibration
     return {"draft_share": result.speculative.time_share["draft"],
-            "kernels": calibration.name if calibration is not None else ""}
+            "kernels": calibration.name if calibration is not None else "",
+            "cost": result.provenance["cost_model"]}
 
 
 def acceptance_block(entry: Entry, anchors: dict[str, Prediction], by_id: dict[str, Entry]) -> dict:
@@ -125,8 +130,9 @@ def acceptance_block(entry: Entry, anchors: dict[str, Prediction], by_id: dict[s
 
 
 def predict_catalogue(catalogue: Catalogue, progress: bool = False, half: str | None = None,
-                      settings: Settings | None = None) -> list[Prediction]:
-    """Every case of the catalogue (or of one half), anchors first; `settings` replace preset fields."""
+                      settings: Settings | None = None, cost: str = "auto") -> list[Prediction]:
+    """Every case of the catalogue (or of one half), anchors first; `settings` replace preset fields;
+    `cost` is every case's scenario field (auto: the measured tables where they cover it)."""
     from tqdm import tqdm
 
     entries = catalogue.entries if half is None else catalogue.half(half)
@@ -136,9 +142,9 @@ def predict_catalogue(catalogue: Catalogue, progress: bool = False, half: str | 
     predictions = []
     for entry in tqdm(order, desc="published cases", unit="case", disable=not progress):
         if entry.case.anchor:
-            anchors[entry.case.id] = prediction = solve_anchor(entry, catalogue, settings)
+            anchors[entry.case.id] = prediction = solve_anchor(entry, catalogue, settings, cost)
         else:
-            prediction = predict_case(entry, catalogue, acceptance_block(entry, anchors, by_id), settings)
+            prediction = predict_case(entry, catalogue, acceptance_block(entry, anchors, by_id), settings, cost)
         predictions.append(prediction)
     index = {e.case.id: i for i, e in enumerate(catalogue.entries)}
     return sorted(predictions, key=lambda p: index[p.entry.case.id])

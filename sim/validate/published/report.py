@@ -99,18 +99,22 @@ def markdown_tables(frame: pd.DataFrame, summary: dict, command: str) -> str:
                      f"{pct(s['p90_abs_error'])} | {pct(s['worst_abs_error'])} | {wrong} |")
     lines += ["", "Per source: over its scored cases, the median abs error and the signed errors' range; over "
               "all its cases, anchors included, drafting's share of the speculative runs' time (its range) and "
-              "the cases whose layers a published kernel table priced", "",
+              "the cases whose layers a published kernel table priced, and those whose kernels the measured operator "
+              "tables priced (aiconfigurator-core: the GPU, engine and version), the rest by the roofline", "",
               "| source | half | cases | anchors | median abs error | error range | draft share | measured kernels "
-              "| hardware | engine | method |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| measured tables | hardware | engine | method |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for source, rows in frame.groupby("source", sort=False):
         errors = rows[rows.role == "predicted"].error
         listed = lambda values: ", ".join(sorted(set(values)))
         cells = (f"{pct(errors.abs().median())} | {errors.min():+.0%} to {errors.max():+.0%}" if len(errors) else "- | -")
         share = f"{rows.draft_share.min():.0%}-{rows.draft_share.max():.0%}"
         kernels = (rows.kernels.fillna("") != "").sum()
+        measured = rows.cost.fillna("").str.startswith("measured:")
+        tables = (f"{measured.sum()} of {len(rows)}"
+                  + (f" ({listed(c.removeprefix('measured:') for c in rows.cost[measured])})" if measured.any() else ""))
         lines.append(f"| {source} | {rows.half.iloc[0]} | {len(errors)} | {len(rows) - len(errors)} | {cells} | "
-                     f"{share} | {kernels} of {len(rows)} | "
+                     f"{share} | {kernels} of {len(rows)} | {tables} | "
                      f"{listed(f'{g}x {h}' for g, h in zip(rows.gpus, rows.hardware))} | {listed(rows.engine)} | "
                      f"{listed(rows.method)} |")
     return "\n".join(lines)

@@ -26,9 +26,11 @@ STATIC_ENGINES = ("hf-eager", "gpt-fast")
 Settings = dict[tuple[str, str, str], float]
 
 
-def case_scenario(entry: Entry, catalogue: Catalogue, acceptance: dict, settings: Settings | None = None) -> dict:
+def case_scenario(entry: Entry, catalogue: Catalogue, acceptance: dict, settings: Settings | None = None,
+                  cost: str = "auto") -> dict:
     """The scenario mapping of one case with the given acceptance block (tokens_per_step or rate),
-    its presets' fields replaced by `settings` where they name them."""
+    its presets' fields replaced by `settings` where they name them; `cost` as the scenario field
+    (a case with published kernel tables is priced by them whatever it says)."""
     case = entry.case
     w = case.workload
     lengths = catalogue.halves.lengths.get(w.dataset)
@@ -60,6 +62,7 @@ def case_scenario(entry: Entry, catalogue: Catalogue, acceptance: dict, settings
         **({"calibration": kernels} if kernels else {}),
         "hardware": hardware, "model": case.model, "dtype": case.dtype, "tensor_parallel": tp,
         "engine": engine, "workload": workload, "speculation": speculation(case, acceptance),
+        **({"cost": cost} if cost != "auto" and not kernels else {}),
         "scheduler": {"batching": "static" if static else "continuous", "pad_ragged": static,
                       "max_batch": w.batch or 256, "prefill_chunk": 8192 if static else 2048}
                      | ({"static_end": case.static_end} if case.static_end != "last" else {}),

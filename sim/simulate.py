@@ -43,7 +43,7 @@ def simulate(scenario: Scenario | dict | str | Path, acceptance=None, baseline_c
         if name == "baseline" and baseline_cache is not None and acceptance is None:
             key = baseline_key(config, requests.max_tokens + scenario.speculation.verify_tokens)
             if key in baseline_cache:
-                runs[name], memories[name], cost_warnings = baseline_cache[key]
+                runs[name], memories[name], cost_warnings, origins[name] = baseline_cache[key]
                 warnings += [w for w in cost_warnings if w not in warnings]
                 continue
         record, cost = run_pipeline(config, requests, stacks, memory, acceptance)
@@ -53,7 +53,7 @@ def simulate(scenario: Scenario | dict | str | Path, acceptance=None, baseline_c
         runs[name] = (record, summarize(record, scenario))
         memories[name] = (memory, record)
         if key is not None:
-            baseline_cache[key] = (runs[name], memories[name], cost_warnings)
+            baseline_cache[key] = (runs[name], memories[name], cost_warnings, origins[name])
 
     base_memory, base_record = memories["baseline"]
     memory, record = memories.get("speculative", memories["baseline"])

@@ -160,7 +160,20 @@ def sweep_provenance(loaded, frame: pd.DataFrame, timing: dict) -> dict:
         "seconds": round(timing["seconds"], 2), "resumed_points": timing["resumed"],
         "baselines_reused": timing["reuse_baselines"],
         "warnings": sorted({w for w in frame["warnings"].dropna()}),
+        "cost_models": cost_models(frame),
     }
+
+
+def cost_models(frame: pd.DataFrame) -> dict:
+    """What priced the points' kernels, with how many points each (the measured operator tables by
+    GPU, engine and version, the roofline, a bundle), and the tables' package where it priced any."""
+    from sim.cost.operator_tables import package_provenance
+
+    counts = frame["cost_model"].fillna("unknown").value_counts() if "cost_model" in frame else pd.Series(dtype=int)
+    out: dict = {str(k): int(v) for k, v in counts.items()}
+    if any(str(k).startswith("measured:") for k in out):
+        out["operator_tables"] = package_provenance()
+    return out
 
 
 def summary_text(frame: pd.DataFrame, timing: dict, out: Path) -> str:

@@ -92,6 +92,7 @@ def result_row(point: Point, result) -> dict:
         "goodput_tok_s": run.goodput_tok_s, "baseline_goodput_tok_s": base.goodput_tok_s,
         "slo_attainment": run.slo_attainment, "slo_met": run.slo_met, "baseline_slo_met": base.slo_met,
         "warnings": "; ".join(result.provenance.get("warnings", [])) or None,
+        "cost_model": result.provenance.get("cost_model"),
     })
     return json_safe(row)     # NaN and infinities become None: the log is strict JSON
 

@@ -219,7 +219,7 @@ def build_report(frame: pd.DataFrame, provenance: dict, validation: pd.DataFrame
 def provenance_html(provenance: dict) -> str:
     rows = []
     for key in ("created", "git_revision", "study_source", "executor", "workers", "points", "seconds",
-                "seeds", "versions", "calibrations", "hardware", "warnings", "skipped"):
+                "seeds", "versions", "calibrations", "cost_models", "hardware", "warnings", "skipped"):
         if key in provenance:
             value = provenance[key]
             text = value if isinstance(value, str) else json.dumps(value, indent=1, default=str)

@@ -162,3 +162,15 @@ def test_sweep_cost_sets_every_point_without_a_calibration_and_gives_it_its_own_
     assert [p.scenario["cost"] for p in forced] == ["roofline"] * len(points)
     assert not {p.id for p in points} & {p.id for p in forced}
     assert all("cost" not in p.scenario for p in points)        # the study's own points untouched
+
+
+def test_a_sweeps_rows_and_provenance_say_what_priced_each_point():
+    import pandas as pd
+
+    from sim.sweep.commands import cost_models
+
+    frame = pd.DataFrame({"cost_model": ["measured:h100_sxm/vllm/0.24.0"] * 3 + ["roofline"]})
+    counts = cost_models(frame)
+    assert counts["measured:h100_sxm/vllm/0.24.0"] == 3 and counts["roofline"] == 1
+    assert counts["operator_tables"]["package"] == "aiconfigurator-core"
+    assert "operator_tables" not in cost_models(frame.iloc[3:])

@@ -174,3 +174,18 @@ def test_a_sweeps_rows_and_provenance_say_what_priced_each_point():
     assert counts["measured:h100_sxm/vllm/0.24.0"] == 3 and counts["roofline"] == 1
     assert counts["operator_tables"]["package"] == "aiconfigurator-core"
     assert "operator_tables" not in cost_models(frame.iloc[3:])
+
+
+def test_the_tables_check_scores_held_out_points_inside_the_rest_and_docs_needs_check(tmp_path):
+    from sim.cli import main
+    from sim.cost.table_check import held_out_table
+
+    frame = pd.DataFrame({"kernel_source": "k", "m": 2.0 ** np.arange(20)})
+    frame["latency_s"] = 1e-6 * frame.m ** 0.7
+    errors = held_out_table(frame, ("kernel_source",), ("m",), "m")
+    # Every fifth of 20 held out; the last, the largest m, lies beyond the rest and is not scored.
+    assert len(errors) == 3 and errors.max() < 1e-9
+    docs = tmp_path / "doc.md"
+    docs.write_text("x\n")
+    assert main(["tables", "--docs", str(docs)]) == 2
+    assert docs.read_text() == "x\n"

@@ -71,26 +71,17 @@ class LogGrid:
                 continue
             i = bisect_right(logs, lx) - 1
             cells.append((i, (lx - logs[i]) / (logs[i + 1] - logs[i])))
-        # Multilinear in the cell, written out per dimension count: this runs every simulated step.
-        table = self.table
-        if len(cells) == 1:
-            (i, t), = cells
-            row = table
-            value = row[i] if t == 0.0 else row[i] * (1.0 - t) + row[i + 1] * t
-        elif len(cells) == 2:
-            (i, t), (j, u) = cells
-            lo, hi = table[i], table[i + 1] if t else table[i]
-            a = lo[j] if u == 0.0 else lo[j] * (1.0 - u) + lo[j + 1] * u
-            b = hi[j] if u == 0.0 else hi[j] * (1.0 - u) + hi[j + 1] * u
-            value = a * (1.0 - t) + b * t
-        elif len(cells) == 3:
-            (i, t), (j, u), (k, w) = cells
-            value = 0.0
-            for plane, pt in ((table[i], 1.0 - t), (table[i + 1], t)) if t else ((table[i], 1.0),):
-                for row, ru in ((plane[j], 1.0 - u), (plane[j + 1], u)) if u else ((plane[j], 1.0),):
-                    value += pt * ru * (row[k] * (1.0 - w) + row[k + 1] * w if w else row[k])
-        else:
-            value = self._corner_sum(cells)
+        # Multilinear in the cell: off the hot path (the pricers cut a grid once to one axis and
+        # read it with `inside1`), so one general sum over the cell's corners.
+        value = 0.0
+        for corner in product((0, 1), repeat=len(cells)):
+            weight = 1.0
+            node = self.table
+            for (i, t), side in zip(cells, corner):
+                weight *= t if side else 1.0 - t
+                node = node[i + side] if (side and t) else node[i]
+            if weight:
+                value += weight * node
         return math.exp(value), (tuple(clamped) if clamped is not None else None)
 
     def section(self, dim: int, x: float) -> "LogGrid | None":
@@ -117,51 +108,6 @@ class LogGrid:
         i = min(bisect_right(xs, lx), len(xs) - 1) - 1
         row = self.table
         return math.exp(row[i] + (row[i + 1] - row[i]) * (lx - xs[i]) / (xs[i + 1] - xs[i]))
-
-    def inside2(self, x: float, y: float) -> float | None:
-        """`lookup` of a 2-axis grid where (x, y) lies inside it, else None: the pricers' hot path."""
-        xs, ys = self.log_axes
-        lx, ly = math.log(x), math.log(y)
-        if not (xs[0] <= lx <= xs[-1] and ys[0] <= ly <= ys[-1]) or len(xs) < 2 or len(ys) < 2:
-            return None
-        i = min(bisect_right(xs, lx), len(xs) - 1) - 1
-        j = min(bisect_right(ys, ly), len(ys) - 1) - 1
-        t = (lx - xs[i]) / (xs[i + 1] - xs[i])
-        u = (ly - ys[j]) / (ys[j + 1] - ys[j])
-        lo, hi = self.table[i], self.table[i + 1]
-        return math.exp((lo[j] + (lo[j + 1] - lo[j]) * u) * (1.0 - t) + (hi[j] + (hi[j + 1] - hi[j]) * u) * t)
-
-    def inside3(self, x: float, y: float, z: float) -> float | None:
-        """`lookup` of a 3-axis grid where (x, y, z) lies inside it, else None."""
-        xs, ys, zs = self.log_axes
-        lx, ly, lz = math.log(x), math.log(y), math.log(z)
-        if not (xs[0] <= lx <= xs[-1] and ys[0] <= ly <= ys[-1] and zs[0] <= lz <= zs[-1]) \
-                or len(xs) < 2 or len(ys) < 2 or len(zs) < 2:
-            return None
-        i = min(bisect_right(xs, lx), len(xs) - 1) - 1
-        j = min(bisect_right(ys, ly), len(ys) - 1) - 1
-        k = min(bisect_right(zs, lz), len(zs) - 1) - 1
-        t = (lx - xs[i]) / (xs[i + 1] - xs[i])
-        u = (ly - ys[j]) / (ys[j + 1] - ys[j])
-        w = (lz - zs[k]) / (zs[k + 1] - zs[k])
-        value = 0.0
-        for plane, pt in ((self.table[i], 1.0 - t), (self.table[i + 1], t)):
-            a, b = plane[j], plane[j + 1]
-            value += pt * ((a[k] + (a[k + 1] - a[k]) * w) * (1.0 - u) + (b[k] + (b[k + 1] - b[k]) * w) * u)
-        return math.exp(value)
-
-    def _corner_sum(self, cells: list[tuple[int, float]]) -> float:
-        """Multilinear interpolation over 2^d corners, any d."""
-        value = 0.0
-        for corner in product((0, 1), repeat=len(cells)):
-            weight = 1.0
-            node = self.table
-            for (i, t), side in zip(cells, corner):
-                weight *= t if side else 1.0 - t
-                node = node[i + side] if (side and t) else node[i]
-            if weight:
-                value += weight * node
-        return value
 
 
 def fill_along(values: np.ndarray, log_axis: np.ndarray, dim: int) -> None:

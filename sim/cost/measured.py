@@ -55,6 +55,17 @@ def prompt_shape(tokens: float) -> tuple[float, float]:
     return (tokens, tokens)
 
 
+def kept(cuts: dict, requests: int, make):
+    """cuts[requests], made by `make()` the first time (a grid cut at one request count; a few
+    thousand kept at most)."""
+    if requests in cuts:
+        return cuts[requests]
+    cut = make()
+    if len(cuts) < 4096:
+        cuts[requests] = cut
+    return cut
+
+
 class MeasuredPricer:
     """One stack's forwards from the measured tables (the module docstring); the roofline's for what
     they lack, and SpecPV's block selection."""
@@ -115,7 +126,9 @@ class MeasuredPricer:
                                                                      and self.generation.exact) else "extrapolated"
         self._shared: dict[float, float] = {}
         self._lm_head: dict[float, float] = {}
-        self._rows: dict[int, list[LogGrid | None]] = {}
+        # Each weight's GEMM grid cut at its own (k, n) once: a lookup is then one axis, m.
+        self.linear_rows = [self.gemm_row(self.gemm, i, o) for i, o in self.linears]
+        self.moe_linear_rows = [self.gemm_row(self.gemm, i, o) for i, o in self.moe_linears]
         self._decode_rows: dict[int, DecodeRow | None] = {}
         self._prompt_rows: dict[int, LogGrid | None] = {}
         self._chunks: dict[tuple, float] = {}
@@ -131,10 +144,6 @@ class MeasuredPricer:
         if grid is None or m <= 0:
             self._terms.add(term, "roofline")
             return self.gemm_roofline_s(m, n, k, weight_bytes)
-        inside = grid.inside3(k, m, n)
-        if inside is not None:
-            self._terms.add(term, "measured")
-            return inside
         seconds, clamped = grid.lookup(k, m, n)
         if clamped is None:
             self._terms.add(term, "measured")
@@ -150,10 +159,7 @@ class MeasuredPricer:
 
     def linears_s(self, term: str, shapes, tokens: float) -> float:
         """The linears `shapes` ((in, out) as this rank runs them) at `tokens` tokens each."""
-        rows = self._rows.get(id(shapes))
-        if rows is None:
-            # Each weight's GEMM grid cut at its own (k, n) once: a lookup is then one axis, m.
-            rows = self._rows[id(shapes)] = [self.gemm_row(self.gemm, i, o) for i, o in shapes]
+        rows = self.linear_rows if shapes is self.linears else self.moe_linear_rows
         total = 0.0
         counts = self._terms.counts.setdefault(term, {})
         for (i, o), row in zip(shapes, rows):
@@ -263,7 +269,7 @@ class MeasuredPricer:
             self._terms.add("attention", "extrapolated")
             return seconds + requests * past_decode
         grid = self.context.grid
-        prompt_row = self.row_at(self._prompt_rows, grid, requests)
+        prompt_row = kept(self._prompt_rows, requests, lambda: grid.section(0, requests))
         seconds = prompt_row.inside1(query) if prompt_row is not None else None
         exact = self.context.exact and kv == query
         if seconds is None:
@@ -273,14 +279,12 @@ class MeasuredPricer:
 
     def decode_row(self, requests: int) -> DecodeRow | None:
         """The decode grid cut at `requests` (made once), or None outside its batch axis."""
-        if requests in self._decode_rows:
-            return self._decode_rows[requests]
-        cut = self.decode.section(0, requests) if self.decode is not None else None
-        row = DecodeRow(cut, self.c.attn_bytes_per_kv, self.c.attn_bytes_per_q, self.decode_scale,
-                        requests * self.c.attn_bytes_per_q / self.c.bytes_s) if cut is not None else None
-        if len(self._decode_rows) < 4096:
-            self._decode_rows[requests] = row
-        return row
+        def make() -> DecodeRow | None:
+            cut = self.decode.section(0, requests) if self.decode is not None else None
+            return None if cut is None else DecodeRow(cut, self.c.attn_bytes_per_kv, self.c.attn_bytes_per_q,
+                                                      self.decode_scale,
+                                                      requests * self.c.attn_bytes_per_q / self.c.bytes_s)
+        return kept(self._decode_rows, requests, make)
 
     @property
     def terms(self) -> TermOrigins:
@@ -293,16 +297,6 @@ class MeasuredPricer:
                         counts[origin] = counts.get(origin, 0) + n
                 row.measured = row.extrapolated = 0
         return self._terms
-
-    @staticmethod
-    def row_at(rows: dict[int, LogGrid | None], grid: LogGrid, requests: int) -> LogGrid | None:
-        """`grid` (over requests and one more axis) cut at `requests`, kept in `rows`."""
-        if requests in rows:
-            return rows[requests]
-        row = grid.section(0, requests)
-        if len(rows) < 4096:
-            rows[requests] = row
-        return row
 
     def scaled(self, grid: LogGrid, requests: int, axis: float, query: float, kv: float, shape_at, exact: bool) -> float:
         """grid(requests, axis), whose rows time shape_at(axis) = (query, KV tokens) a request,

@@ -146,12 +146,14 @@ def bundle_provenance(path) -> dict:
 
 
 def cost_model_name(scenario: Scenario, cost_origins: dict) -> str:
-    """calibrated:BUNDLE, measured:GPU/FRAMEWORK/VERSION (the operator tables) or roofline."""
+    """calibrated:BUNDLE, measured:GPU/FRAMEWORK/VERSION (the operator tables; +user:FOLDER where a
+    user's own tables are laid over them) or roofline."""
     if scenario.calibration is not None:
         return f"calibrated:{repo_relative(scenario.calibration)}"
     tables = cost_origins.get("operator_tables")
     if tables:
-        return f"measured:{tables['system']}/{tables['framework']}/{tables['version']}"
+        user = f"+user:{tables['user_tables']}" if tables.get("user_tables") else ""
+        return f"measured:{tables['system']}/{tables['framework']}/{tables['version']}{user}"
     return "roofline"
 
 

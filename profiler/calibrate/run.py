@@ -11,6 +11,10 @@ calibration bundle (sim/formats/bundle.py) for the simulator's calibrated cost m
    at off-grid shapes against the composed prediction; with the rounds' spread (the machine's
    timing noise during the calibration), which the held-out error follows.
 
+The bundle also holds its GEMM and attention times in the published measured tables' layout
+(BUNDLE/operator_tables, sim/formats/operator_layout.py): a scenario's `operator_tables` lays them
+over aiconfigurator-core's tables for the GPU they were timed on.
+
 `--budget-s SECONDS` chooses the grid by measured time instead, coarse first, so that the command
 ends within its budget with a checked bundle (budget.py).
 """
@@ -31,7 +35,7 @@ from profiler.calibrate.budget import budget_line, measure_within_budget
 from profiler.calibrate.fits import DECODE_BURSTS_WITHIN_ROUND
 from profiler.calibrate.grid import grid_for, grid_of, held_out_points
 from profiler.calibrate.rounds import MAX_ROUNDS, MIN_ROUNDS, ROUNDS_BUDGET_S, measure_operators
-from profiler.device import cpu_model, hardware_name, memory_gb
+from profiler.device import cpu_model, hardware_name, memory_gb, tables_system
 from sim.errors import InputError
 from sim.formats.bundle import (HELD_OUT_TARGET, META, MODEL_FIELDS, PROFILE, SCHEMA_VERSION, model_hash,
                                 round_spread, timing_noise_line, write_bundle)
@@ -255,7 +259,8 @@ def bundle_meta(config, model_name: str, dtype_name: str, device: str, device_na
         "schema_version": SCHEMA_VERSION,
         "engine": "profiler.live",
         "device": {"kind": device, "name": device_name, "memory_gb": round(memory_gb(device), 1),
-                   "hardware": hardware_name(device_name, device == "cuda")},
+                   "hardware": hardware_name(device_name, device == "cuda"),
+                   "tables_system": tables_system(hardware_name(device_name, device == "cuda"))},
         "cpu": {"model": cpu_model(), "threads": torch.get_num_threads(), "cores": os.cpu_count()},
         "versions": {"torch": torch.__version__, "triton": triton_version,
                      "cuda": torch.version.cuda if device == "cuda" else None, "python": platform.python_version()},
@@ -301,7 +306,8 @@ def format_calibration_summary(out: Path, meta: dict) -> str:
     percent = lambda value: "-" if value is None else f"{value:.1%}"
     took = (f"engine fits redone in {meta['refit']['duration_s']:.0f} s" if "refit" in meta
             else f"{meta['duration_s']:.0f} s")
-    lines = [f"wrote {out}/profile.parquet and meta.json ({took}, {meta['device']['name']}, "
+    layout = " and operator_tables/ (for a scenario's operator_tables)" if (out / "operator_tables").is_dir() else ""
+    lines = [f"wrote {out}/profile.parquet, meta.json{layout} ({took}, {meta['device']['name']}, "
              f"{meta['dtype']}, {meta['model']['name']})",
              f"held-out error of the tables: median {percent(held['median_abs_error'])}, P90 "
              f"{percent(held['p90_abs_error'])}, worst {percent(held['max_abs_error'])} over {held['points']} points"]

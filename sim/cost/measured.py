@@ -81,7 +81,7 @@ class MeasuredPricer:
         self.origin = f"measured: {describe(tables)}"
         tp = rates.tp
         act_dtype = TABLE_DTYPE.get(rates.act_bytes)
-        weight_dtype = TABLE_DTYPE.get(int(stack.weight_bytes)) if stack.weight_bytes in (1, 2) else None
+        weight_dtype = TABLE_DTYPE.get(int(stack.weight_bytes)) if stack.weight_bytes in (1, 2, 4) else None
         if weight_dtype == "fp8" and rates.flops_s == rates.attn_flops_s and rates.act_bytes != 1:
             weight_dtype = None         # fp8 weights without fp8 tensor cores: dequantized, not in the tables
         self.gemm = tables.gemm(weight_dtype) if weight_dtype else None

@@ -4,7 +4,10 @@ where each priced term came from, and the engine's measured all-reduce.
 `cost: auto` (the default) prices a scenario without a calibration from aiconfigurator-core's
 tables wherever they hold its GPU and engine, and by the roofline elsewhere, with one line in the
 result's warnings naming what was missing; `cost: measured` makes that missing piece bad input,
-`cost: roofline` keeps the roofline. The host work stays the engine preset's (sim/cost/host.py).
+`cost: roofline` keeps the roofline. A scenario's `operator_tables: DIR` lays a user's own tables
+(`profiler calibrate`'s BUNDLE/operator_tables, sim/formats/operator_layout.py) over the package's
+for the GPU they were timed on, one table at a time; with them a GPU or engine the package lacks is
+priced too. The host work stays the engine preset's (sim/cost/host.py).
 """
 from __future__ import annotations
 
@@ -12,29 +15,36 @@ from sim.cost.log_grid import LogGrid
 from sim.cost.measured_tables import OperatorTables, operator_tables
 from sim.cost.operator_tables import FRAMEWORKS, data_root
 from sim.errors import InputError
+from sim.formats.operator_layout import user_tables_root
+from sim.formats.provenance import repo_relative
 from sim.scenario.schema import Scenario
 
 
 def measured_tables_for(scenario: Scenario) -> tuple[OperatorTables | None, str | None]:
     """The measured tables that price `scenario`, else None and the line that says why the
-    roofline does (None where the scenario asked for the roofline). Under `cost: measured` a
-    missing piece is bad input; a named engine.version the tables lack always is."""
+    roofline does (None where the scenario asked for the roofline). A user's own tables
+    (`operator_tables`) are laid over the package's for the GPU they were timed on. Under
+    `cost: measured` a missing piece is bad input; a named engine.version the tables lack always is."""
     if scenario.cost == "roofline":
         return None, None
     hw, engine = scenario.hardware_spec, scenario.engine_spec
+    base = engine.name.split("+", 1)[0]      # a preset with overrides: "sglang+custom"
+    framework = FRAMEWORKS.get(base)
+    user_root = None if scenario.operator_tables is None else user_tables_root(scenario.operator_tables)
+    system = hw.operator_tables or hw.name
     missing = None
-    framework = FRAMEWORKS.get(engine.name.split("+", 1)[0])     # a preset with overrides: "sglang+custom"
-    if data_root() is None:
+    if user_root is None and data_root() is None:
         missing = "aiconfigurator-core is not installed"
-    elif hw.operator_tables is None:
+    elif user_root is None and hw.operator_tables is None:
         missing = f"the measured operator tables hold no {hw.name}"
-    elif framework is None:
+    elif user_root is None and framework is None:
         missing = f"the measured operator tables hold no engine {engine.name} (they hold {', '.join(FRAMEWORKS)})"
     else:
-        tables = operator_tables(hw.operator_tables, framework, engine.version or None)
+        tables = operator_tables(system, framework or base, engine.version or None, user_root)
         if tables is not None:
             return tables, None
-        missing = f"the measured operator tables hold no {engine.name} on {hw.name}"
+        missing = f"the measured operator tables hold no {engine.name} on {hw.name}" + \
+            (f" and {repo_relative(user_root)} none of {system}" if user_root is not None else "")
     if scenario.cost == "measured":
         raise InputError("cost", f"measured: {missing}")
     return None, f"GPU kernels priced by the roofline: {missing}"
@@ -52,8 +62,10 @@ class TermOrigins:
 
 
 def describe(tables: OperatorTables) -> str:
+    """The tables as a term's origin names them: the package's collection, and a user's folder over it."""
+    user = f" with {', '.join(sorted(tables.overrides))} from {tables.user_folder}" if tables.overrides else ""
     return (f"aiconfigurator-core {tables.provenance['package'].get('version')} "
-            f"{tables.system} {tables.framework} {tables.version}")
+            f"{tables.system} {tables.framework} {tables.version}{user}")
 
 
 class MeasuredAllReduce:

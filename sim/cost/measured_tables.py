@@ -25,6 +25,7 @@ import pandas as pd
 from sim.cost.log_grid import LogGrid
 from sim.cost.operator_tables import TableSet, current_version, package_provenance, table_sets, version_key
 from sim.errors import InputError
+from sim.formats.provenance import repo_relative
 
 # The columns each table must have (besides framework, version, device and latency).
 COLUMNS = {
@@ -43,7 +44,7 @@ FAMILY_OF = {"gemm_perf": "gemm", "generation_attention_perf": "attention", "con
 # The routing a fused-MoE table measured that real traffic is closest to (aiconfigurator's default too).
 MOE_DISTRIBUTIONS = ("power_law_1.01", "balanced")
 # Bytes of an element -> the tables' dtype names.
-TABLE_DTYPE = {2: "bfloat16", 1: "fp8"}
+TABLE_DTYPE = {4: "float32", 2: "bfloat16", 1: "fp8"}
 
 
 @dataclass(frozen=True)
@@ -63,18 +64,29 @@ class OperatorTables:
     version: str
     sets: dict[str, TableSet] = field(default_factory=dict)     # family -> its collection
     devices: dict[str, str] = field(default_factory=dict)       # table -> the device its rows name
+    # A user's own tables laid over the published ones (a scenario's `operator_tables`): table -> its
+    # collection, and the folder as results record it.
+    overrides: dict[str, TableSet] = field(default_factory=dict)
+    user_folder: str | None = None
 
     @property
     def provenance(self) -> dict:
-        """What every result priced from these tables records: the package and the tables read."""
+        """What every result priced from these tables records: the package and the tables read,
+        each a user's (with its framework and version) or the package's."""
+        tables = {}
+        for name, device in sorted(self.devices.items()):
+            user = self.overrides.get(name)
+            tables[name] = {"family": FAMILY_OF[name], "device": device, "source": "package"} if user is None else \
+                {"family": FAMILY_OF[name], "device": device, "source": "user", "framework": user.framework,
+                 "version": user.version}
         return {"package": package_provenance(), "system": self.system, "framework": self.framework,
-                "version": self.version,
-                "tables": {name: {"family": FAMILY_OF[name], "device": device}
-                           for name, device in sorted(self.devices.items())}}
+                "version": self.version, **({"user_tables": self.user_folder} if self.overrides else {}),
+                "tables": tables}
 
     def frame(self, name: str) -> pd.DataFrame | None:
-        """The table `name` (latency in seconds as latency_s), or None where this version lacks it."""
-        s = self.sets.get(FAMILY_OF[name])
+        """The table `name` (latency in seconds as latency_s), the user's where they gave one, or
+        None where neither holds it."""
+        s = self.overrides.get(name) or self.sets.get(FAMILY_OF[name])
         if s is None or name not in s.tables:
             return None
         return read_table(s.folder / f"{name}.parquet", name)
@@ -187,25 +199,41 @@ def held_versions(system: str, framework: str, sets: tuple[TableSet, ...] | None
                   key=version_key)
 
 
-def operator_tables(system: str, framework: str, version: str | None = None) -> OperatorTables | None:
+def user_overrides(root: Path, system: str, framework: str | None) -> dict[str, TableSet]:
+    """The tables a user's folder (laid out as the package's) holds for `system`: table -> its
+    collection, the engine's own where they timed it, else the newest of another framework (their
+    own engine's, `profiler calibrate`'s `live`)."""
+    ranked = sorted((s for s in table_sets(root) if s.system == system),
+                    key=lambda s: (s.framework == framework, version_key(s.version)))
+    return {name: s for s in ranked for name in s.tables if name in COLUMNS}
+
+
+def operator_tables(system: str, framework: str | None, version: str | None = None,
+                    user_root: Path | None = None) -> OperatorTables | None:
     """The tables of `system` and `framework` at `version` (default: the package's current one,
-    else the newest held); None where the package holds none for them. A named version the
-    package lacks is bad input."""
-    held = held_versions(system, framework)
-    if not held:
+    else the newest held), with a user's own tables from `user_root` laid over them; None where
+    neither holds any for them. A named version the package lacks is bad input."""
+    overrides = user_overrides(user_root, system, framework) if user_root is not None else {}
+    held = held_versions(system, framework) if framework else []
+    if not held and not overrides:
         return None
     if version:
         if version not in held:
             raise InputError("engine.version", f"no measured operator tables of {framework} {version} on {system} "
-                                               f"(held: {', '.join(held)})")
-    else:
+                                               f"(held: {', '.join(held) or 'none'})")
+    elif held:
         current = current_version(system, framework)
         version = current if current in held else held[-1]
+    else:       # the user's tables alone: named by the collection most of them come from
+        chosen = max(overrides.values(), key=lambda s: sum(t.folder == s.folder for t in overrides.values()))
+        framework, version = chosen.framework, chosen.version
     sets = {s.family: s for s in table_sets() if (s.system, s.framework, s.version) == (system, framework, version)}
-    return _cached_tables(system, framework, version, tuple(sorted(sets.items())))
+    return _cached_tables(system, str(framework), str(version), tuple(sorted(sets.items())),
+                          tuple(sorted(overrides.items())), repo_relative(user_root) if overrides else None)
 
 
 @lru_cache(maxsize=16)
-def _cached_tables(system: str, framework: str, version: str, sets: tuple) -> OperatorTables:
-    # One OperatorTables per GPU, framework and version, so its grids are built once per process.
-    return OperatorTables(system, framework, version, dict(sets))
+def _cached_tables(system: str, framework: str, version: str, sets: tuple, overrides: tuple,
+                   user_folder: str | None) -> OperatorTables:
+    # One OperatorTables per GPU, framework, version and user folder, so its grids are built once per process.
+    return OperatorTables(system, framework, version, dict(sets), overrides=dict(overrides), user_folder=user_folder)

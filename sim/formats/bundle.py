@@ -13,6 +13,9 @@ profile.parquet, one row per measurement:
   round_seconds   every round's time (optional: bundles before it lack the column)
   held_out   True for the off-grid points that measure the interpolation's error
   flops, bytes_moved   the work at that point (profiler inspect's achieved rates)
+
+operator_tables/ (the live engine's bundles): the same GEMM and attention times in the published
+measured tables' layout, for a scenario's `operator_tables` (sim/formats/operator_layout.py).
 """
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ import numpy as np
 
 from sim.errors import InputError
 from sim.formats.files import write_folder_atomic
+from sim.formats.operator_layout import FOLDER as OPERATOR_LAYOUT
+from sim.formats.operator_layout import write_operator_layout
 from sim.formats.provenance import repo_relative
 from sim.formats.table import OperatorTable, monotone_in_every_dim
 
@@ -46,11 +51,14 @@ def model_hash(model) -> str:
 
 
 def write_bundle(out: Path, frame, meta: dict) -> None:
-    """Write DIR/profile.parquet and DIR/meta.json; an existing bundle is replaced only once the
-    new one is complete."""
+    """Write DIR/profile.parquet and DIR/meta.json, and for the live engine its GEMM and attention
+    times as measured tables (DIR/operator_tables/, sim/formats/operator_layout.py); an existing
+    bundle is replaced only once the new one is complete."""
     def fill(folder: Path) -> None:
         frame.to_parquet(folder / PROFILE, index=False)
         (folder / META).write_text(json.dumps(meta, indent=2) + "\n")
+        if meta.get("engine") == "profiler.live":
+            write_operator_layout(folder / OPERATOR_LAYOUT, frame, meta)
     write_folder_atomic(out, fill, replace=True)
 
 

@@ -47,6 +47,7 @@ def resolve_relative_paths(mapping: dict, base: Path) -> dict:
     mapping = dict(mapping)
     fix(mapping, "model", only_paths=True)
     fix(mapping, "calibration")
+    fix(mapping, "operator_tables")
     for section, keys in (("workload", ("trace",)), ("speculation", ())):
         if isinstance(mapping.get(section), dict):
             mapping[section] = dict(mapping[section])
@@ -135,6 +136,10 @@ def _check_semantics(scenario: Scenario) -> None:
         check_bundle(load_bundle(scenario.calibration), scenario)     # unreadable, other model or dtype: fail now
         if tp != 1:
             raise InputError("calibration", "a bundle times one device; tensor_parallel must be 1 with calibration")
+    if scenario.operator_tables is not None:
+        from sim.formats.operator_layout import user_tables_root
+
+        user_tables_root(scenario.operator_tables)      # no such folder, or no table in it: fail now
     pv = spec.partial_verify
     if pv is not None and pv.budget % pv.block:
         raise InputError("speculation.partial_verify.budget",

@@ -140,6 +140,9 @@ class Scenario(Strict):
     # (aiconfigurator-core) where they cover the GPU and engine and the roofline elsewhere;
     # measured or roofline forces one (sim/cost/model.py).
     cost: Literal["auto", "measured", "roofline"] = "auto"
+    # A user's own measured tables (`profiler calibrate`'s BUNDLE/operator_tables, or the bundle),
+    # laid over the package's for the GPU they were timed on (sim/cost/measured_model.py).
+    operator_tables: Path | None = None
     workload: Workload = Workload()
     speculation: Speculation = Speculation()
     offload: Offload = Offload()

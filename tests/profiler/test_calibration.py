@@ -377,6 +377,14 @@ def test_calibrate_writes_a_complete_bundle(tiny_bundle):
     frame = pd.read_parquet(out / "profile.parquet")
     assert (frame.seconds > 0).all() and frame.held_out.any()
     assert not list(out.parent.glob(".bundle.*")), "temporary folders left behind"
+    # Its GEMM and attention times in the published tables' layout, which the same loader reads.
+    from sim.cost.measured_tables import operator_tables
+    from sim.formats.operator_layout import user_tables_root
+
+    tables = operator_tables("cpu", "live", None, user_tables_root(out))
+    qkv = frame[(frame.op == "linear.qkv") & ~frame.held_out].iloc[0]
+    assert tables.gemm("float32").lookup(64, qkv.tokens, 128)[0] == pytest.approx(qkv.seconds)
+    assert tables.attention("generation_attention_perf", 4, 2, 16, "float32").exact
     # The simulator reads it for a scenario of the same config.
     result = simulate({"hardware": "cpu", "model": str(config), "dtype": "fp32", "calibration": str(out),
                        "workload": {"concurrency": 2, "requests": 4, "prompt_tokens": 100, "output_tokens": 16}})

@@ -16,6 +16,15 @@ DATA_MISSING = (f"needs the data folder {SHARED_DATA} (spec_bench_questions.json
                 f"set SPECSIM_DATA to a folder holding them")
 needs_data = pytest.mark.skipif(not (TEXT.is_file() and QUESTIONS.is_file()), reason=DATA_MISSING)
 
+# Under pytest-xdist (pyproject.toml: two workers, whole files each) every worker's torch and the
+# processes it starts get one thread: the suite is mostly one-threaded Python, and two workers of
+# two threads each on two cores oversubscribe OpenMP (docs/performance.md, "The test suite").
+# THREADS: what a test gives a server or a subprocess it starts. llama.cpp's threads spin while they
+# wait: two of them beside the other worker took a 10 s test to 300 s.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+THREADS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else 2
+
 # The kernel tests run Triton for real on a GPU and through its CPU interpreter elsewhere; the
 # interpreter must be chosen before triton is first imported.
 try:

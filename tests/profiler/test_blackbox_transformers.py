@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, TEXT, needs_data
+from conftest import REPO, TEXT, THREADS, needs_data
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -23,7 +23,7 @@ def test_transformers_prompt_lookup_is_recorded_and_predicted(tmp_path):
         out = tmp_path / f"hf-{method}"
         proc = subprocess.run([sys.executable, "-m", "profiler", "hf-live", "--method", method, "--k", "4",
                                "--context", "256", "--text", TEXT, "--limit", "2", "--max-new-tokens", "24",
-                               "--threads", "2", "--out", out], cwd=REPO, capture_output=True, text=True)
+                               "--threads", str(THREADS), "--out", out], cwd=REPO, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr[-2000:]
         runs[method] = out
     steps = pd.read_parquet(runs["ngram"] / "steps.parquet")

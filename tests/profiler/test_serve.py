@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TEXT, needs_data
+from conftest import TEXT, THREADS, needs_data
 from profiler.cli import main
 from profiler.serve.metrics import parse_spec_counters
 from sim.errors import InputError
@@ -67,7 +67,7 @@ def fake_venv(tmp_path):
 
 
 def serve(*args):
-    return main(["serve-live", *map(str, args)])
+    return main(["serve-live", *map(str, args), "--threads", str(THREADS)])
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path, exported, fake_venv, capsys):

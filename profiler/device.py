@@ -36,10 +36,9 @@ def hardware_name(device_name: str, cuda: bool) -> str:
 
 
 
+
 def tables_system(hardware: str) -> str:
-    """The folder a device's measured tables are filed under (sim/formats/operator_layout.py): the
-    name aiconfigurator-core's tables know its hardware preset by, else the preset's own name."""
+    """The folder a device's measured tables are filed under (sim/formats/operator_layout.py)."""
     from sim.scenario.presets.hardware import HARDWARE
 
-    spec = HARDWARE.get(hardware)
-    return (spec.operator_tables if spec is not None else None) or hardware
+    return HARDWARE[hardware].tables_system if hardware in HARDWARE else hardware

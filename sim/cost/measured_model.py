@@ -31,23 +31,28 @@ def measured_tables_for(scenario: Scenario) -> tuple[OperatorTables | None, str 
     base = engine.name.split("+", 1)[0]      # a preset with overrides: "sglang+custom"
     framework = FRAMEWORKS.get(base)
     user_root = None if scenario.operator_tables is None else user_tables_root(scenario.operator_tables)
-    system = hw.operator_tables or hw.name
-    missing = None
-    if user_root is None and data_root() is None:
-        missing = "aiconfigurator-core is not installed"
-    elif user_root is None and hw.operator_tables is None:
-        missing = f"the measured operator tables hold no {hw.name}"
-    elif user_root is None and framework is None:
-        missing = f"the measured operator tables hold no engine {engine.name} (they hold {', '.join(FRAMEWORKS)})"
-    else:
-        tables = operator_tables(system, framework or base, engine.version or None, user_root)
+    # A user's folder may cover what the package lacks: only the package's own gaps end it here.
+    missing = None if user_root is not None else package_gap(hw, engine, framework)
+    if missing is None:
+        tables = operator_tables(hw.tables_system, framework or base, engine.version or None, user_root)
         if tables is not None:
             return tables, None
         missing = f"the measured operator tables hold no {engine.name} on {hw.name}" + \
-            (f" and {repo_relative(user_root)} none of {system}" if user_root is not None else "")
+            (f" and {repo_relative(user_root)} none of {hw.tables_system}" if user_root is not None else "")
     if scenario.cost == "measured":
         raise InputError("cost", f"measured: {missing}")
     return None, f"GPU kernels priced by the roofline: {missing}"
+
+
+def package_gap(hw, engine, framework: str | None) -> str | None:
+    """What keeps the package's tables from the GPU and engine, or None where nothing does."""
+    if data_root() is None:
+        return "aiconfigurator-core is not installed"
+    if hw.operator_tables is None:
+        return f"the measured operator tables hold no {hw.name}"
+    if framework is None:
+        return f"the measured operator tables hold no engine {engine.name} (they hold {', '.join(FRAMEWORKS)})"
+    return None
 
 
 class TermOrigins:

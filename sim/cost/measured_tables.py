@@ -199,7 +199,7 @@ def held_versions(system: str, framework: str, sets: tuple[TableSet, ...] | None
                   key=version_key)
 
 
-def user_overrides(root: Path, system: str, framework: str | None) -> dict[str, TableSet]:
+def user_overrides(root: Path, system: str, framework: str) -> dict[str, TableSet]:
     """The tables a user's folder (laid out as the package's) holds for `system`: table -> its
     collection, the engine's own where they timed it, else the newest of another framework (their
     own engine's, `profiler calibrate`'s `live`)."""
@@ -208,13 +208,13 @@ def user_overrides(root: Path, system: str, framework: str | None) -> dict[str, 
     return {name: s for s in ranked for name in s.tables if name in COLUMNS}
 
 
-def operator_tables(system: str, framework: str | None, version: str | None = None,
+def operator_tables(system: str, framework: str, version: str | None = None,
                     user_root: Path | None = None) -> OperatorTables | None:
     """The tables of `system` and `framework` at `version` (default: the package's current one,
     else the newest held), with a user's own tables from `user_root` laid over them; None where
     neither holds any for them. A named version the package lacks is bad input."""
     overrides = user_overrides(user_root, system, framework) if user_root is not None else {}
-    held = held_versions(system, framework) if framework else []
+    held = held_versions(system, framework)
     if not held and not overrides:
         return None
     if version:
@@ -228,7 +228,7 @@ def operator_tables(system: str, framework: str | None, version: str | None = No
         chosen = max(overrides.values(), key=lambda s: sum(t.folder == s.folder for t in overrides.values()))
         framework, version = chosen.framework, chosen.version
     sets = {s.family: s for s in table_sets() if (s.system, s.framework, s.version) == (system, framework, version)}
-    return _cached_tables(system, str(framework), str(version), tuple(sorted(sets.items())),
+    return _cached_tables(system, framework, version, tuple(sorted(sets.items())),
                           tuple(sorted(overrides.items())), repo_relative(user_root) if overrides else None)
 
 

@@ -43,6 +43,12 @@ class HardwareSpec:
     operator_tables: str | None = None
 
     @property
+    def tables_system(self) -> str:
+        """The folder measured tables of this GPU are filed under: the package's name for it, else
+        the preset's own (a user's tables, sim/formats/operator_layout.py)."""
+        return self.operator_tables or self.name
+
+    @property
     def host_link_gb_s(self) -> float:
         """Theoretical per-direction host link bandwidth from generation and width."""
         if self.link_gb_s is not None:

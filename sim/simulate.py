@@ -57,7 +57,9 @@ def simulate(scenario: Scenario | dict | str | Path, acceptance=None, baseline_c
 
     base_memory, base_record = memories["baseline"]
     memory, record = memories.get("speculative", memories["baseline"])
-    kv_gb = lambda mem, rec: (rec.peak_kv_tokens * mem.kv_bytes_per_token + mem.draft_window_kv_bytes) / GB
+    # A GPU's (with attention data parallel, the mean rank's: each holds its own requests' KV).
+    ranks = scenario.data_parallel
+    kv_gb = lambda mem, rec: (rec.peak_kv_tokens / ranks * mem.kv_bytes_per_token + mem.draft_window_kv_bytes) / GB
     memory_info = {
         "resident_layers": memory.resident_layers, "offloaded_layers": memory.offloaded_layers,
         "baseline_resident_layers": base_memory.resident_layers,

@@ -68,3 +68,12 @@ class DecodeSlots:
         self.last[:n] = 1
         self.steps[:n] = 0
         self.ctx_sum, self.last_sum = int(self.ctx[:n].sum()), n
+
+    def subset(self, rows: np.ndarray) -> "DecodeSlots":
+        """A copy holding only slots `rows`, compact (an attention data-parallel rank's requests)."""
+        part = DecodeSlots(max(len(rows), 1))
+        m = len(rows)
+        part.state[:, :m] = self.state[:, rows]
+        part.n = m
+        part.ctx_sum, part.last_sum = int(part.ctx[:m].sum()), int(part.last[:m].sum())
+        return part

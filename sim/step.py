@@ -32,6 +32,7 @@ from sim.cost.work import (Forward, HostDraft, Pricer, SpeculationHost, StepHost
                            WorkItem)
 from sim.scenario.schema import Scenario
 from sim.scenario.speculation import PartialVerify
+from sim.ranks import plan_ranked_step
 from sim.slots import DecodeSlots
 from sim.specpv import plan_partial_verify
 
@@ -82,6 +83,7 @@ class StepConfig:
     # Every step of a static policy: all the scenario drafts (its k, or tree), verifying the longest
     # proposal of any drafter (route and combine's second drafter may propose more than k).
     full: StepShape | None = None
+    data_parallel: int = 1              # attention data-parallel ranks stepping together (sim/ranks.py)
 
     def shape(self, k: int) -> StepShape:
         return self.shapes[k]
@@ -120,7 +122,8 @@ def step_config(scenario: Scenario, stacks: Stacks, memory: MemoryPlan, cost, sp
         proposal_lengths=proposal_lengths if speculative else None,
         replayed_plain_steps=speculative and replayed_plain_steps, lanes=lanes,
         shapes=step_shapes(scenario, k if speculative else 0, verify_tokens),
-        full=StepShape(k, True, verify_tokens, spec.draft_depth) if speculative else StepShape(0, False, 1, 0))
+        full=StepShape(k, True, verify_tokens, spec.draft_depth) if speculative else StepShape(0, False, 1, 0),
+        data_parallel=scenario.data_parallel)
 
 
 class StepPlan(list[WorkItem]):
@@ -176,7 +179,16 @@ def plan_step(config: StepConfig, shape: StepShape, slots: DecodeSlots, n: int, 
     """What one engine step runs: decoding slots 0..n-1 at `shape` (the step's k) beside the prompt
     `chunks` ([(prefilling entry [rid, done, total], tokens)]). predrawn: the oracle's [n] tokens
     each row verifies; catch_up: (tokens per request, in all) a drafter with its own KV catches up
-    on instead of the last step's (goodput's steady state at k)."""
+    on instead of the last step's (goodput's steady state at k). Attention data-parallel ranks: each
+    rank's own step, in lockstep (sim/ranks.py)."""
+    if config.data_parallel > 1:
+        return plan_ranked_step(plan_rank_step, config, shape, slots, n, chunks, predrawn, catch_up)
+    return plan_rank_step(config, shape, slots, n, chunks, predrawn, catch_up)
+
+
+def plan_rank_step(config: StepConfig, shape: StepShape, slots: DecodeSlots, n: int, chunks=(), predrawn=None,
+                   catch_up=None) -> StepPlan:
+    """plan_step on one rank (the whole engine without attention data parallel)."""
     stacks = config.stacks
     lengths = None
     if n and (predrawn is not None or config.proposal_lengths is not None):
@@ -196,12 +208,8 @@ def plan_step(config: StepConfig, shape: StepShape, slots: DecodeSlots, n: int, 
             work.append(Forward(pricer=config.target, groups=[prefill], offloaded_layers=config.offloaded_layers,
                                 kv_offloaded=config.kv_offloaded))
         return work
-    ctx = slots.ctx[:n]
-    ctx_sum = slots.ctx_sum
-    if config.pad_ragged:
-        span, span_sum = attended_spans(config, ctx, ctx_sum)
-    else:
-        span, span_sum = ctx, ctx_sum
+    ctx, ctx_sum = slots.ctx[:n], slots.ctx_sum
+    span, span_sum = attended_spans(config, ctx, ctx_sum) if config.pad_ragged else (ctx, ctx_sum)
     if drafting and config.lanes is not None:
         work.append(Subtotal(items=_lane_drafts(config, config.lanes, shape, slots, n, span, ctx_sum / n, catch_up)))
     elif drafting:

@@ -20,7 +20,7 @@ def format_summary(result) -> str:
     spec = s.speculation
     method = spec.method if spec.enabled else "none"
     lines = [
-        f"{s.model_spec.name} on {s.hardware_spec.name} ({s.dtype}, TP{s.tensor_parallel}, "
+        f"{s.model_spec.name} on {s.hardware_spec.name} ({s.dtype}, {s.layout}, "
         f"{s.engine_spec.name if s.calibration is None else 'calibrated: ' + str(s.calibration)}), "
         f"method {method}, {len(run.ttft_s)} requests, seed {s.seed}",
         f"  throughput      {run.throughput_tok_s:10.1f} tok/s   baseline {base.throughput_tok_s:10.1f}   "

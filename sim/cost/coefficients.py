@@ -35,7 +35,8 @@ class StackCost:
 
     def __init__(self, stack: Stack, *, act_bytes: int, kv_bytes: int, tp: int, flops_s: float, attn_flops_s: float,
                  bytes_s: float, lm_head_bytes: int, corner: float | None, expert_parallel: bool = False,
-                 weight_read_scale: float = 1.0, kernels=None):
+                 weight_read_scale: float = 1.0, kernels=None, moe_gpus: int | None = None,
+                 routed_elsewhere: bool = False):
         self.stack = stack
         # A published profile's layer kernels of this stack's shape (sim/cost/kernels.py), or None.
         self.kernels = kernels
@@ -52,19 +53,23 @@ class StackCost:
         self.dense_layers = stack.dense_layers
         self.moe_layers = stack.moe_layers
         self.experts = stack.experts
+        # The GPUs the routed experts are spread over: the tensor-parallel group, or with attention
+        # data parallel every rank's GPUs; routed_elsewhere: the experts are priced over every
+        # rank's tokens by the step (RooflineRates.experts_time_s), not in a rank's own forward.
+        moe_gpus = tp if moe_gpus is None else moe_gpus
+        self.routed_elsewhere = routed_elsewhere
         if stack.experts is not None and stack.layers:
             e = stack.experts
             self.moe_linears = [linear(i, o, wbytes) for _, i, o in stack.moe_linears]
-            # One routed expert on this GPU (each expert split across the tensor-parallel ranks).
-            self.expert = linear(stack.hidden, 3 * e.ffn, wbytes)
-            self.expert = LinearCost(self.expert.flops_per_token, self.expert.weight_bytes,
-                                  (2 * stack.hidden + 3 * e.ffn) * act_bytes / tp)
-            # Expert parallelism: whole experts, routed / tp of them on each GPU; the busiest GPU
-            # (most distinct experts, most token-expert pairs) sets the layer's time.
-            self.expert_gpus = tp if expert_parallel else 1
+            # One routed expert on this GPU (each expert split across the MoE's GPUs).
+            h, f = stack.hidden, 3 * e.ffn
+            self.expert = LinearCost(2 * h * f / moe_gpus, h * f * wbytes / moe_gpus, (2 * h + f) * act_bytes / moe_gpus)
+            # Expert parallelism: whole experts, routed / moe_gpus of them on each GPU; the busiest
+            # GPU (most distinct experts, most token-expert pairs) sets the layer's time.
+            self.expert_gpus = moe_gpus if expert_parallel else 1
             if expert_parallel:
-                self.expert = LinearCost(self.expert.flops_per_token * tp, self.expert.weight_bytes * tp,
-                                      self.expert.act_bytes_per_token * tp)
+                self.expert = LinearCost(self.expert.flops_per_token * moe_gpus, self.expert.weight_bytes * moe_gpus,
+                                      self.expert.act_bytes_per_token * moe_gpus)
         else:
             self.moe_linears = []
         self.extra_linears = [linear(i, o, lm_head_bytes) for i, o in stack.extra_linears]
@@ -165,7 +170,8 @@ class StackCost:
             return self.dense_layers * self.kernels.linears_s(tokens)
         total = self.dense_layers * self.linear_time_s(self.linears, tokens)
         if self.moe_layers:
-            total += self.moe_layers * (self.linear_time_s(self.moe_linears, tokens) + self.routed_time_s(tokens))
+            routed = 0.0 if self.routed_elsewhere else self.routed_time_s(tokens)
+            total += self.moe_layers * (self.linear_time_s(self.moe_linears, tokens) + routed)
         return total
 
     def elementwise_s(self, tokens: float) -> float:

@@ -87,7 +87,7 @@ def all_to_all_for(scenario: Scenario,
     (`engine.all_to_all`) where it measured the scenario's GPU count, else the guess; and, for an
     expert-parallel scenario, the warning that says what it is priced by when that is not its own
     hardware's measurement."""
-    hw, engine, ranks = scenario.hardware_spec, scenario.engine_spec, scenario.tensor_parallel
+    hw, engine, ranks = scenario.hardware_spec, scenario.engine_spec, scenario.gpus
     guess = InterconnectGuess(hw.interconnect_gb_s * 1e9, origin="roofline guess (8 us + the message at the "
                                                                   "interconnect's datasheet rate, each way)")
     if not scenario.expert_parallel or ranks == 1:
@@ -114,7 +114,11 @@ def collectives_for(scenario: Scenario,
                     folder: Path = PUBLISHED) -> tuple[InterconnectGuess | MeasuredCollectives, str | None]:
     """The scenario's all-reduce pricer and, where it is the guess though the scenario runs tensor
     parallel, the warning that says why."""
-    hw, engine, ranks = scenario.hardware_spec, scenario.engine_spec, scenario.tensor_parallel
+    hw, engine = scenario.hardware_spec, scenario.engine_spec
+    # The widest all-reduce the step runs: an attention rank's group, or with attention data
+    # parallel and experts split (not placed whole) the MoE's gather over every GPU.
+    wide = scenario.data_parallel > 1 and not scenario.expert_parallel
+    ranks = scenario.gpus if wide else scenario.tensor_parallel
     guess = InterconnectGuess(hw.interconnect_gb_s * 1e9)
     if ranks == 1:
         return guess, None

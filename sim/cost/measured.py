@@ -96,7 +96,8 @@ class MeasuredPricer:
         self.moe = None
         if stack.experts is not None and stack.moe_layers:
             e = stack.experts
-            moe_tp, moe_ep = (1, tp) if rates.expert_parallel else (tp, 1)
+            gpus = rates.gpus
+            moe_tp, moe_ep = (1, gpus) if rates.expert_parallel else (gpus, 1)
             for dtype in MOE_DTYPES.get(int(stack.weight_bytes), ()) if stack.weight_bytes in (1, 2) else ():
                 self.moe = tables.moe(dtype, stack.hidden, e.ffn, e.top_k, e.routed, moe_tp, moe_ep)
                 if self.moe is not None:
@@ -136,6 +137,12 @@ class MeasuredPricer:
 
     def needs_kv_tokens(self, query: int) -> bool:
         return self.stack.kv_window is not None
+
+    def experts_s(self, tokens: float, rank_tokens: float) -> float:
+        """Attention data parallel: the MoE layers' routed experts over every rank's `tokens`, from
+        the fused-MoE table (its tokens are all ranks'), and their exchange (RooflineRates.experts_time_s)."""
+        c = self.c
+        return self.rates.experts_time_s(c, tokens, rank_tokens, self.routed_s(tokens) if c.moe_layers else 0.0)
 
     # -- the batch's shared terms ------------------------------------------------------------
 
@@ -213,7 +220,9 @@ class MeasuredPricer:
         c, engine = self.c, self.rates.engine
         shared = c.dense_layers * self.linears_s("linears", self.linears, tokens)
         if c.moe_layers:
-            shared += c.moe_layers * (self.linears_s("linears", self.moe_linears, tokens) + self.routed_s(tokens))
+            # With attention data parallel the routed experts see every rank's tokens: the step's (experts_s).
+            routed = 0.0 if c.routed_elsewhere else self.routed_s(tokens)
+            shared += c.moe_layers * (self.linears_s("linears", self.moe_linears, tokens) + routed)
         layer_overhead = engine.layer_overhead_s
         if engine.graph_max_tokens and tokens > engine.graph_max_tokens:
             layer_overhead += engine.eager_layer_overhead_s

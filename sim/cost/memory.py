@@ -62,6 +62,18 @@ def plan_memory(scenario: Scenario, stacks: Stacks, max_request_tokens: int, con
     embeddings = model.embedding_params * ab / tp
     draft_weights = stacks.draft_weights_resident_bytes / tp
     running = min(concurrency_hint, scenario.scheduler.max_batch)
+    ranks = scenario.data_parallel
+    if ranks > 1:
+        # Attention data parallel: each rank holds the attention, dense and shared weights (split by
+        # its tensor-parallel group) and its own requests' KV; the routed experts are spread over
+        # every GPU. The plan is one GPU's; the scheduler's KV capacity is every rank's.
+        gpus = scenario.gpus
+        experts = stacks.target.layer_expert_bytes()
+        layer_bytes = (stacks.target.layer_weight_bytes() - experts) / tp + experts / gpus
+        draft_weights = ((stacks.draft_weights_resident_bytes - stacks.draft_expert_bytes) / tp
+                         + stacks.draft_expert_bytes / gpus)
+        concurrency_hint = math.ceil(concurrency_hint / ranks)
+        running = math.ceil(running / ranks)
     workspace = _workspace_bytes(scenario, running)
     fixed = embeddings + draft_weights + workspace
 
@@ -112,7 +124,8 @@ def plan_memory(scenario: Scenario, stacks: Stacks, max_request_tokens: int, con
             f"{f', {window_bytes / GB:.2f} GB of draft KV windows' if window_bytes else ''} plus {resident} resident layers "
             f"plus one request's KV ({one_request_bytes / GB:.2f} GB)")
     return MemoryPlan(budget, fixed, resident, offloaded, layer_bytes, kv_per_token, partial_tokens,
-                      int(kv_capacity), max_running, window_bytes)
+                      int(kv_capacity) * ranks,
+                      max_running * ranks if max_running else None, window_bytes)
 
 
 def draft_offloaded_layers(scenario: Scenario, memory: MemoryPlan) -> int:

@@ -13,7 +13,7 @@ efficiencies). With one (`calibration: DIR`), a stack the bundle measured takes 
 tables, or an engine timed whole (a black box: `profiler calibrate --engine ...`); a stack it
 cannot price (a draft of other dimensions, EAGLE-3's fusion layer, a Medusa block) keeps the
 roofline, and the result's warnings say so. Tensor parallelism and weight offloading are out of a
-single-device bundle's reach: tensor_parallel must be 1 (sim/scenario/schema.py checks), and
+single-device bundle's reach: tensor_parallel and data_parallel must be 1 (sim/scenario/load.py checks), and
 transfers use the measured host-link rate when the bundle has one.
 """
 from __future__ import annotations
@@ -66,9 +66,10 @@ class CostModel:
     def origins(self) -> dict[str, str]:
         """Where each term priced so far comes from: per stack, and the engine's host work."""
         origins: dict = {**{p.stack.name: p.origin for p in self._pricers.values()}, "host": self.host.origin}
-        if self.collectives is not None and self.scenario.tensor_parallel > 1:
+        if self.collectives is not None and self.scenario.gpus > 1 and not (
+                self.scenario.tensor_parallel == 1 and self.scenario.expert_parallel):
             origins["all_reduce"] = self.collectives.origin
-        if self.all_to_all is not None and self.scenario.tensor_parallel > 1 and self.scenario.expert_parallel:
+        if self.all_to_all is not None and self.scenario.gpus > 1 and self.scenario.expert_parallel:
             origins["all_to_all"] = self.all_to_all.origin
         terms = {p.stack.name: p.terms.counts for p in self._pricers.values() if hasattr(p, "terms")}
         if terms:

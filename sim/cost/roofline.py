@@ -40,6 +40,8 @@ class RooflineRates:
         engine = scenario.engine_spec
         self.engine = engine
         self.tp = scenario.tensor_parallel
+        self.data_parallel = scenario.data_parallel
+        self.gpus = scenario.gpus
         self.expert_parallel = scenario.expert_parallel
         self.act_bytes = scenario.dtype_bytes
         self.kv_bytes = scenario.kv_bytes
@@ -69,7 +71,8 @@ class RooflineRates:
             cost = StackCost(stack, act_bytes=self.act_bytes, kv_bytes=self.kv_bytes, tp=self.tp,
                               flops_s=self.flops_s, attn_flops_s=self.attn_flops_s, bytes_s=self.bytes_s,
                               lm_head_bytes=self.act_bytes, corner=self.corner,
-                              expert_parallel=self.expert_parallel,
+                              expert_parallel=self.expert_parallel, moe_gpus=self.gpus,
+                              routed_elsewhere=self.data_parallel > 1,
                               weight_read_scale=self.int4_read_scale if stack.weight_bytes < self.act_bytes else 1.0,
                               kernels=self.kernels if self.kernels is not None and self.kernels.fits(stack) else None)
             self._stacks[id(stack)] = cost
@@ -88,11 +91,32 @@ class RooflineRates:
         if self.tp == 1:
             return 0.0
         reduce = self.allreduce_time_s(tokens * c.stack.hidden * self.act_bytes)
+        if self.data_parallel > 1:
+            # An attention rank's own: after attention and a dense MLP; an MoE layer's exchange
+            # across the ranks is the step's (experts_time_s).
+            return (c.layers + c.dense_layers) * reduce
         if not (self.expert_parallel and c.moe_layers):
             return 2 * c.layers * reduce
         elements = math.ceil(tokens / self.tp) * c.stack.experts.top_k * c.stack.hidden
         return ((c.layers + c.dense_layers) * reduce
                 + c.moe_layers * self.all_to_all.exchange_s(elements, self.tp, self.act_bytes))
+
+    def experts_time_s(self, c: StackCost, tokens: float, rank_tokens: float, routed_s: float) -> float:
+        """Attention data parallel: every MoE layer's routed experts (`routed_s`, one layer's, over
+        all ranks' `tokens`) and their exchange across all GPUs, the busiest rank sending
+        `rank_tokens`: expert parallelism's dispatch and combine of each GPU's share of its rank's
+        tokens, else an all-gather of every rank's tokens before the split experts and a
+        reduce-scatter after (one all-reduce's traffic)."""
+        if not c.moe_layers or tokens <= 0:
+            return 0.0
+        hidden = c.stack.hidden
+        if self.expert_parallel:
+            elements = math.ceil(rank_tokens / self.tp) * c.stack.experts.top_k * hidden
+            exchange = self.all_to_all.exchange_s(elements, self.gpus, self.act_bytes)
+        else:
+            exchange = self.collectives.all_reduce_s(tokens * hidden * self.act_bytes, self.gpus)
+        return c.moe_layers * (routed_s + exchange)
+
     def batch_terms_s(self, c: StackCost, tokens: float, logits: float) -> tuple[float, float]:
         """(shared, LM head) seconds of one forward of `tokens` query tokens, memoized: a serving
         run meets the same batch sizes again and again."""
@@ -137,6 +161,12 @@ class RooflinePricer:
     def needs_kv_tokens(self, query: int) -> bool:
         """Does pricing a group of `query`-token requests need each request's KV, not just the sum?"""
         return query > self.c.query_ridge or not self.c.memory_bound_attention
+
+    def experts_s(self, tokens: float, rank_tokens: float) -> float:
+        """Attention data parallel: the MoE layers' routed experts over every rank's `tokens` and
+        their exchange (RooflineRates.experts_time_s)."""
+        c = self.c
+        return self.rates.experts_time_s(c, tokens, rank_tokens, c.routed_time_s(tokens) if c.moe_layers else 0.0)
 
     def forward(self, forward: Forward, shares: list[float]) -> float:
         """Seconds of `forward.repeat` identical forwards of the stack over `forward.groups`; adds

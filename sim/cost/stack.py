@@ -67,6 +67,13 @@ class Stack:
     def layer_weight_bytes(self) -> float:
         return self.layer_weight_params * self.weight_bytes
 
+    def layer_expert_bytes(self) -> float:
+        """An average layer's routed experts' weights: what expert parallelism and the MoE's split
+        spread over every GPU (the rest is split by the attention rank's tensor parallelism)."""
+        if self.experts is None or not self.layers:
+            return 0.0
+        return (self.layer_weight_params - mean_layer_params(self, self.layers, routed=0)) * self.weight_bytes
+
 
 def stack_of(model: ModelSpec, name: str, weight_bytes: float, layers: int | None = None, *,
              experts: Experts | None | EllipsisType = ..., latent: Latent | None | EllipsisType = ...,
@@ -91,6 +98,7 @@ class Stacks:
     # Does the draft keep a KV cache of its own (memory), and does it read the target's KV?
     draft_owns_kv: bool = False
     draft_weights_resident_bytes: float = 0.0
+    draft_expert_bytes: float = 0.0     # of which routed experts (spread over every GPU)
 
 
 def build_stacks(scenario: Scenario) -> Stacks:
@@ -125,7 +133,8 @@ def build_stacks(scenario: Scenario) -> Stacks:
         resident = head.layers * head.layer_weight_bytes() + sum(i * o for i, o in extra) * abytes
         if vocab != model.vocab:   # a head with the target's vocabulary reuses its LM head
             resident += vocab * model.hidden * abytes
-        return Stacks(target, head, draft_owns_kv=True, draft_weights_resident_bytes=resident)
+        return Stacks(target, head, draft_owns_kv=True, draft_weights_resident_bytes=resident,
+                      draft_expert_bytes=head.layers * head.layer_expert_bytes())
     if method == "medusa":
         # One forward: a residual block (h x h) and an LM head per drafted position, no attention.
         heads = spec.draft_depth

@@ -9,6 +9,8 @@ each item costs when priced.
                       tokens: decode, verification and draft forwards, the hot path
     Selection         SpecPV's block selection in every layer of a stack
     Subtotal          items summed first (a step's drafting)
+    RankedStep        attention data-parallel ranks in lockstep: the slowest rank's own work, then
+                      each forward's MoE layers over every rank's tokens (ExpertsWork)
 
 Every item prices itself (`price(host, shares)`: seconds, each phase's part added to `shares`,
 indexed by the phases of sim/cost/batch.py): the host items by the engine's host work (`HostWork`:
@@ -201,4 +203,53 @@ class Subtotal:
         return seconds
 
 
-WorkItem = Union[StepHost, HostDraft, SpeculationHost, Forward, UniformForward, Selection, Subtotal]
+class ExpertsPricer(Protocol):
+    """A stack's MoE layers over every attention data-parallel rank's tokens (sim/cost/roofline.py
+    RooflinePricer, sim/cost/measured.py MeasuredPricer)."""
+
+    def experts_s(self, tokens: float, rank_tokens: float) -> float:
+        """One forward's routed experts over `tokens` (all ranks') and their exchange across the
+        GPUs, the busiest rank sending `rank_tokens`."""
+        ...
+
+
+@dataclass(slots=True, kw_only=True)
+class ExpertsWork:
+    """`repeat` forwards' MoE layers over every rank's `tokens`, in `phase`."""
+    pricer: ExpertsPricer
+    phase: int
+    tokens: float
+    rank_tokens: float
+    repeat: int = 1
+
+    def price(self, host: HostWork, shares: list[float]) -> float:
+        seconds = self.pricer.experts_s(self.tokens, self.rank_tokens) * self.repeat
+        shares[self.phase] += seconds
+        return seconds
+
+
+@dataclass(slots=True, kw_only=True)
+class RankedStep:
+    """One step of attention data-parallel ranks in lockstep (sim/ranks.py): each rank's own work
+    (its scheduler's host work, its requests' drafting and forwards without the routed experts),
+    of which the slowest sets the step, then every forward's MoE layers over all ranks' tokens."""
+    ranks: list[list[WorkItem]]
+    experts: list[ExpertsWork]
+
+    def price(self, host: HostWork, shares: list[float]) -> float:
+        slowest, slowest_shares = -1.0, shares
+        for work in self.ranks:
+            scratch = [0.0] * len(shares)
+            seconds = 0.0
+            for item in work:
+                seconds += item.price(host, scratch)
+            if seconds > slowest:
+                slowest, slowest_shares = seconds, scratch
+        for phase, part in enumerate(slowest_shares):
+            shares[phase] += part
+        for experts in self.experts:
+            slowest += experts.price(host, shares)
+        return slowest
+
+
+WorkItem = Union[StepHost, HostDraft, SpeculationHost, Forward, UniformForward, Selection, Subtotal, RankedStep]

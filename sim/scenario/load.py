@@ -109,9 +109,13 @@ def _check_semantics(scenario: Scenario) -> None:
     tp = scenario.tensor_parallel
     if scenario.expert_parallel and model.experts is None:
         raise InputError("expert_parallel", f"{model.name} has no experts")
-    if scenario.expert_parallel and model.experts.routed % tp:
-        raise InputError("expert_parallel", f"tensor_parallel {tp} does not divide {model.name}'s "
-                                            f"{model.experts.routed} routed experts")
+    gpus = scenario.gpus
+    if scenario.expert_parallel and model.experts.routed % gpus:
+        raise InputError("expert_parallel", f"{gpus} GPUs (tensor_parallel x data_parallel) do not divide "
+                                            f"{model.name}'s {model.experts.routed} routed experts")
+    if scenario.data_parallel > 1 and model.experts is None:
+        raise InputError("data_parallel", f"{model.name} has no experts: its data-parallel ranks never step together; "
+                                          f"simulate one replica at concurrency / data_parallel")
     for shaped in filter(None, (model, scenario.draft_spec)):
         if shaped.heads % tp or (shaped.kv_heads % tp and tp % shaped.kv_heads):
             raise InputError("tensor_parallel", f"{tp} does not divide {shaped.name}'s {shaped.heads} heads "
@@ -134,8 +138,9 @@ def _check_semantics(scenario: Scenario) -> None:
         from sim.formats.bundle import check_bundle, load_bundle
 
         check_bundle(load_bundle(scenario.calibration), scenario)     # unreadable, other model or dtype: fail now
-        if tp != 1:
-            raise InputError("calibration", "a bundle times one device; tensor_parallel must be 1 with calibration")
+        if gpus != 1:
+            raise InputError("calibration", "a bundle times one device; tensor_parallel and data_parallel must be 1 "
+                                            "with calibration")
     if scenario.operator_tables is not None:
         from sim.formats.operator_layout import user_tables_root
 

@@ -130,9 +130,14 @@ class Scenario(Strict):
     model: str = "llama-3.1-8b"
     dtype: Literal["bf16", "fp16", "fp32", "fp8", "int4"] = "bf16"
     kv_dtype: Literal["auto", "bf16", "fp16", "fp32", "fp8"] = "auto"   # auto: the activation dtype
+    # GPUs that split one attention rank's heads and every dense linear (a rank's tensor-parallel group).
     tensor_parallel: PositiveInt = 1
-    # Mixtures of experts: false splits every expert across the tensor-parallel GPUs; true places
-    # whole experts, routed / tensor_parallel on each GPU (attention stays tensor parallel).
+    # Attention data-parallel ranks (SGLang's --dp with --enable-dp-attention, vLLM's
+    # --data-parallel-size): each holds its own requests and their KV and runs its own attention;
+    # the MoE layers see every rank's tokens, in lockstep. GPUs = tensor_parallel x data_parallel.
+    data_parallel: PositiveInt = 1
+    # Mixtures of experts: false splits every expert across all the GPUs; true places whole experts,
+    # routed / GPUs on each (attention stays tensor parallel within a rank).
     expert_parallel: bool = False
     engine: Union[str, dict[str, Any]] = "vllm"
     calibration: Path | None = None
@@ -170,6 +175,19 @@ class Scenario(Strict):
         if self.speculation.method != "draft_model":
             return None
         return resolve_model(self.speculation.draft.model, "speculation.draft.model")
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the deployment runs on: each attention rank's tensor-parallel group, times the ranks."""
+        return self.tensor_parallel * self.data_parallel
+
+    @property
+    def layout(self) -> str:
+        """The parallel layout in a few characters: TP8; DP8 x TP1 attention with EP8 (or MoE TP8)."""
+        if self.data_parallel == 1:
+            return f"TP{self.tensor_parallel}"
+        experts = f"EP{self.gpus}" if self.expert_parallel else f"MoE TP{self.gpus}"
+        return f"DP{self.data_parallel} x TP{self.tensor_parallel} attention, {experts}"
 
     @property
     def activation_dtype(self) -> str:

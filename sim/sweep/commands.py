@@ -15,7 +15,7 @@ from sim.errors import InputError
 from sim.formats.provenance import repo_relative
 
 
-INTEGER_COLUMNS = ("batch", "requests", "k", "budget", "period", "seed", "tensor_parallel", "peak_batch",
+INTEGER_COLUMNS = ("batch", "requests", "k", "budget", "period", "seed", "tensor_parallel", "gpus", "peak_batch",
                    "baseline_peak_batch", "max_running", "preemptions", "rolled_back_tokens")
 
 
@@ -114,7 +114,9 @@ def results_frame(points, rows: dict, study) -> pd.DataFrame:
         if column in frame:
             frame[column] = frame[column].astype("Int64")
     frame["price_per_gpu_hour"] = frame["hardware"].map(study.price_for).astype(float)
-    usd_per_s = frame["price_per_gpu_hour"] * frame["tensor_parallel"].astype(float) / 3600.0
+    # Every GPU the deployment holds (rows cached before the gpus column: their tensor_parallel).
+    gpus = frame["gpus"].fillna(frame["tensor_parallel"]) if "gpus" in frame else frame["tensor_parallel"]
+    usd_per_s = frame["price_per_gpu_hour"] * gpus.astype(float) / 3600.0
     for prefix in ("", "baseline_"):
         frame[f"{prefix}cost_per_mtok_usd"] = usd_per_s / frame[f"{prefix}throughput_tok_s"] * 1e6
     return frame

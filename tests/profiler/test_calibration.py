@@ -236,7 +236,7 @@ def test_bundle_for_another_model_or_dtype_is_an_error_naming_both():
 
 
 def test_calibration_with_tensor_parallelism_is_refused():
-    with pytest.raises(InputError, match="tensor_parallel must be 1"):
+    with pytest.raises(InputError, match="tensor_parallel and data_parallel must be 1"):
         simulate(smollm2_scenario(tensor_parallel=3))
 
 

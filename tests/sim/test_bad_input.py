@@ -101,6 +101,17 @@ CASES = [
     ("measured cost on an engine the tables lack", with_changes(engine="gpt-fast", cost="measured"),
      "cost: measured: the measured operator tables hold no engine gpt-fast"),
     ("unknown cost", with_changes(cost="tables"), "cost: input should be 'auto', 'measured' or 'roofline'"),
+    ("attention data parallel on a dense model", with_changes(data_parallel=2),
+     "data_parallel: llama-3.1-8b has no experts"),
+    ("experts over GPUs that do not divide them", with_changes(model="deepseek-v3", dtype="fp8", data_parallel=3,
+                                                              expert_parallel=True, speculation__method="mtp",
+                                                              hardware="h200"),
+     "expert_parallel: 3 GPUs (tensor_parallel x data_parallel) do not divide deepseek-v3's 256 routed experts"),
+    ("attention ranks that do not divide the heads", with_changes(model="deepseek-v3", dtype="fp8", data_parallel=2,
+                                                                 tensor_parallel=3, speculation__method="mtp",
+                                                                 hardware="h200"),
+     "tensor_parallel: 3 does not divide deepseek-v3's 128 heads"),
+    ("zero data-parallel ranks", with_changes(data_parallel=0), "data_parallel: input should be greater than 0"),
 ]
 
 

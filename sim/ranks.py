@@ -1,0 +1,81 @@
+"""Attention data parallel: one engine step of ranks that each serve their own requests and step together.
+
+With attention data parallel (SGLang's --enable-dp-attention, vLLM's data-parallel ranks of an MoE),
+each rank holds its own requests and their KV: it schedules them, drafts for them and runs their
+attention and every dense linear on its own GPUs (its tensor-parallel group). The MoE layers see
+every rank's tokens: dispatched to whichever GPU holds their experts and combined back, so the
+ranks run every forward in lockstep and the slowest rank sets the step (a rank with no request
+still joins the exchange). A request belongs to rank rid mod ranks: the engines' round-robin
+dispatch in arrival order.
+
+    plan = plan_ranked_step(config, shape, slots, n, chunks)   # one RankedStep (sim/cost/work.py)
+
+Each rank's work is planned by the single-rank planner over its own rows (sim/step.py); the routed
+experts are priced once per forward over all ranks' tokens (`ExpertsWork`), with the busiest
+rank's share of the tokens for the exchange. Whole requests per rank are what makes the ranks
+uneven: the slowest rank's own work is what the step pays, not the mean.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from sim.cost.work import ExpertsWork, Forward, RankedStep, Subtotal, UniformForward, WorkItem
+from sim.slots import DecodeSlots
+
+
+def rank_of(rids: np.ndarray, ranks: int) -> np.ndarray:
+    """The rank each request is served on: round robin in arrival order."""
+    return rids % ranks
+
+
+def plan_ranked_step(plan_one: Callable, config, shape, slots: DecodeSlots, n: int, chunks=(),
+                     predrawn: np.ndarray | None = None, catch_up: tuple[int, int] | None = None):
+    """One lockstep step of config.data_parallel ranks (the module docstring); plan_one: the
+    single-rank planner (sim/step.py), called over all rows for what the step commits and its
+    expert tokens, and over each rank's rows for what each rank runs."""
+    ranks = config.data_parallel
+    whole = plan_one(config, shape, slots, n, chunks, predrawn, catch_up)
+    owner = rank_of(slots.rid[:n], ranks)
+    per_rank: list[list[WorkItem]] = []
+    rank_tokens = []
+    for r in range(ranks):
+        rows = np.flatnonzero(owner == r)
+        mine = slots.subset(rows)
+        own_chunks = [c for c in chunks if c[0][0] % ranks == r]
+        own_catch_up = None
+        if catch_up is not None:
+            own_catch_up = (catch_up[0], round(catch_up[1] * len(rows) / n) if n else 0)
+        work = plan_one(config, shape, mine, len(rows), own_chunks,
+                        predrawn[rows] if predrawn is not None else None, own_catch_up)
+        per_rank.append(list(work))
+        rank_tokens.append(sum(tokens for _, _, tokens, _ in expert_forwards(work)))
+    total = sum(rank_tokens)
+    busiest = max(rank_tokens) / total if total else 0.0
+    experts = [ExpertsWork(pricer=pricer, phase=phase, tokens=tokens, rank_tokens=tokens * busiest, repeat=repeat)
+               for pricer, phase, tokens, repeat in expert_forwards(whole)]
+    step = type(whole)([RankedStep(ranks=per_rank, experts=experts)])
+    step.replayed_plain = whole.replayed_plain
+    if hasattr(whole, "full"):
+        step.full, step.partial = whole.full, whole.partial
+    return step
+
+
+def expert_forwards(work) -> list[tuple]:
+    """(pricer, phase, query tokens, repeat) of each forward in `work` whose stack has MoE layers,
+    Subtotals' included; a forward over several groups counts in the phase with most tokens."""
+    found = []
+    for item in work:
+        if isinstance(item, Subtotal):
+            found += expert_forwards(item.items)
+        elif isinstance(item, (Forward, UniformForward)) and item.pricer.stack.moe_layers:
+            if isinstance(item, UniformForward):
+                tokens = item.requests * item.query if item.tokens is None else item.tokens
+                phase = item.phase
+            else:
+                tokens = sum(g.tokens for g in item.groups)
+                phase = max(item.groups, key=lambda g: g.tokens).phase
+            if tokens:
+                found.append((item.pricer, phase, tokens, item.repeat))
+    return found

@@ -1,0 +1,105 @@
+"""Attention data parallel (sim/ranks.py): each rank attends over its own requests' KV, the slowest
+rank sets the step, the MoE layers see every rank's tokens, and the KV each GPU holds is its own
+rank's; with one rank the layout is tensor parallelism as before."""
+import numpy as np
+import pytest
+
+from sim.cost.batch import PHASES
+from sim.cost.memory import plan_memory
+from sim.cost.model import cost_model_for
+from sim.cost.stack import build_stacks
+from sim.cost.work import ExpertsWork, RankedStep, UniformForward
+from sim.scenario.load import load_scenario
+from sim.simulate import simulate
+from sim.slots import DecodeSlots
+from sim.step import plan_step, price, step_config
+
+RANKS = 16
+# DeepSeek-V3 (MLA, 256 routed experts) decoding on 16 H200s, priced by the roofline so that the
+# figures do not depend on which tables are installed.
+POOL = {"hardware": "h200", "model": "deepseek-v3", "dtype": "fp8", "engine": "sglang", "cost": "roofline",
+        "tensor_parallel": 1, "data_parallel": RANKS, "expert_parallel": True,
+        "workload": {"concurrency": 2 * RANKS, "requests": 4 * RANKS, "prompt_tokens": 1024, "output_tokens": 64}}
+
+
+def decode_step(scenario, contexts):
+    """The planned plain decode step over requests 0..n-1 holding `contexts`, and its price."""
+    s = load_scenario(scenario)
+    stacks = build_stacks(s)
+    cost = cost_model_for(s)
+    config = step_config(s, stacks, plan_memory(s, stacks, 2048, len(contexts)), cost, speculative=False)
+    slots = DecodeSlots(len(contexts))
+    for rid, ctx in enumerate(contexts):
+        slots.add(rid, ctx, ctx + 100, rid)
+    plan = plan_step(config, config.shape(0), slots, len(contexts))
+    return plan, price(plan, cost, [0.0] * len(PHASES)), cost, stacks
+
+
+def test_each_rank_attends_over_its_own_two_requests():
+    contexts = [600 + 10 * rid for rid in range(2 * RANKS)]
+    plan, seconds, cost, stacks = decode_step(POOL, contexts)
+    (step,) = plan
+    assert isinstance(step, RankedStep) and len(step.ranks) == RANKS
+    for rank, work in enumerate(step.ranks):
+        (forward,) = [item for item in work if isinstance(item, UniformForward)]
+        mine = [ctx for rid, ctx in enumerate(contexts) if rid % RANKS == rank]
+        assert forward.requests == 2 and forward.kv_tokens_sum == sum(mine)
+    # The MoE layers run once over all 32 tokens, the exchange at the busiest rank's 2.
+    (experts,) = step.experts
+    assert isinstance(experts, ExpertsWork) and (experts.tokens, experts.rank_tokens) == (2 * RANKS, 2)
+    # The step is the slowest rank's own work (the one with the longest contexts) plus the experts.
+    pricer = cost.pricer(stacks.target)
+    own = [price(work, cost, [0.0] * len(PHASES)) for work in step.ranks]
+    assert seconds == pytest.approx(max(own) + pricer.experts_s(2 * RANKS, 2), rel=1e-12)
+    assert max(own) == own[RANKS - 1]
+
+
+def test_the_slowest_rank_sets_the_step_and_pays_only_its_own_kv():
+    contexts = [600] * (2 * RANKS)
+    contexts[0] = 4000                                   # rank 0 is the slowest
+    _, base, cost, stacks = decode_step(POOL, contexts)
+    c = cost.pricer(stacks.target).c
+    longer = list(contexts)
+    longer[RANKS + 5] += 800                             # rank 5's second request: still faster than rank 0
+    assert decode_step(POOL, longer)[1] == pytest.approx(base, rel=1e-12)
+    longer = list(contexts)
+    longer[RANKS] += 800                                 # rank 0's second request
+    # MLA's one-query attention is compute-bound on an H200 (each KV token is scored by all 128
+    # heads): the request's own attention, 600 -> 1,400 KV tokens, in every layer.
+    own = c.layers * (c.request_attention_s(1, 1400) - c.request_attention_s(1, 600))
+    assert decode_step(POOL, longer)[1] - base == pytest.approx(own, rel=1e-6)
+
+
+def test_tensor_parallel_reads_every_requests_kv_where_data_parallel_reads_its_own():
+    contexts = [2000] * (2 * RANKS)
+    tp = {**POOL, "tensor_parallel": RANKS, "data_parallel": 1}
+    _, tp_s, tp_cost, stacks = decode_step(tp, contexts)
+    c = tp_cost.pricer(stacks.target).c
+    # MLA's latent is replicated on every tensor-parallel GPU: each reads all 32 requests' KV.
+    plan, _, _, _ = decode_step(tp, contexts)
+    (forward,) = [item for item in plan if isinstance(item, UniformForward)]
+    assert forward.requests == 2 * RANKS and forward.kv_tokens_sum == sum(contexts)
+    assert c.attn_bytes_per_kv == (512 + 64) * 2          # kv_rank + rope_dim, bf16 KV
+    # One rank is what a tensor-parallel scenario always was: the field at 1 changes nothing.
+    assert simulate({**tp}).run.throughput_tok_s == simulate({k: v for k, v in tp.items() if k != "data_parallel"}).run.throughput_tok_s
+
+
+def test_each_gpu_holds_its_own_ranks_kv():
+    dp, tp = load_scenario(POOL), load_scenario({**POOL, "tensor_parallel": RANKS, "data_parallel": 1})
+    dp_memory = plan_memory(dp, build_stacks(dp), 2048, 64)
+    tp_memory = plan_memory(tp, build_stacks(tp), 2048, 64)
+    # The same per-GPU bytes a token (the latent, replicated under TP), but 16 ranks' pools.
+    assert dp_memory.kv_bytes_per_token == tp_memory.kv_bytes_per_token
+    assert dp_memory.kv_capacity_tokens > 10 * tp_memory.kv_capacity_tokens
+    # Every GPU holds 1/16 of the routed experts under both; DP replicates the rest on each rank.
+    assert dp_memory.layer_bytes > tp_memory.layer_bytes
+
+
+def test_a_speculative_pool_runs_mtp_on_every_rank():
+    scenario = {**POOL, "speculation": {"method": "mtp", "num_speculative_tokens": 1, "acceptance": {"rate": 0.8}}}
+    result = simulate(scenario)
+    assert result.run.tokens_per_step > 1.5
+    assert "DP16 x TP1 attention, EP16" in result.scenario.layout
+    share = result.run.time_share
+    assert share["draft"] > 0 and share["verify"] > 0
+    assert np.isfinite(result.speedup)

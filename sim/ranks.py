@@ -55,7 +55,7 @@ def plan_ranked_step(plan_one: Callable, config, shape, slots: DecodeSlots, n: i
     busiest = max(rank_tokens) / total if total else 0.0
     experts = [ExpertsWork(pricer=pricer, phase=phase, tokens=tokens, rank_tokens=tokens * busiest, repeat=repeat)
                for pricer, phase, tokens, repeat in expert_forwards(whole)]
-    step = type(whole)([RankedStep(ranks=per_rank, experts=experts)])
+    step = type(whole)([RankedStep(ranks=per_rank, experts=experts, overlap=config.two_batch_overlap)])
     step.replayed_plain = whole.replayed_plain
     if hasattr(whole, "full"):
         step.full, step.partial = whole.full, whole.partial

@@ -84,6 +84,7 @@ class StepConfig:
     # proposal of any drafter (route and combine's second drafter may propose more than k).
     full: StepShape | None = None
     data_parallel: int = 1              # attention data-parallel ranks stepping together (sim/ranks.py)
+    two_batch_overlap: bool = False     # their all-to-all behind the other micro-batch's compute
 
     def shape(self, k: int) -> StepShape:
         return self.shapes[k]
@@ -123,7 +124,7 @@ def step_config(scenario: Scenario, stacks: Stacks, memory: MemoryPlan, cost, sp
         replayed_plain_steps=speculative and replayed_plain_steps, lanes=lanes,
         shapes=step_shapes(scenario, k if speculative else 0, verify_tokens),
         full=StepShape(k, True, verify_tokens, spec.draft_depth) if speculative else StepShape(0, False, 1, 0),
-        data_parallel=scenario.data_parallel)
+        data_parallel=scenario.data_parallel, two_batch_overlap=scenario.engine_spec.two_batch_overlap)
 
 
 class StepPlan(list[WorkItem]):

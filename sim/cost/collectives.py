@@ -13,6 +13,7 @@ measure, or whose engine reduces with another library, keeps the guess.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,17 +31,35 @@ ALL_TO_ALL_OPS = ("dispatch", "combine")
 @dataclass
 class InterconnectGuess:
     """The roofline's collectives over the interconnect's datasheet rate, each with a latency floor:
-    a ring all-reduce, and an all-to-all's dispatch and combine."""
+    a ring all-reduce, and an all-to-all's dispatch and combine. Past `domain` GPUs (those sharing
+    the interconnect: a node's, or an NVL72 rack's), the traffic that leaves the domain crosses the
+    scale-out network at `network_bytes_s` a GPU: a hierarchical all-reduce (reduce-scatter inside
+    the domain, an all-reduce of each GPU's 1/domain across the domains, an all-gather inside), and
+    an all-to-all whose share bound for other domains goes over the network beside the rest."""
     interconnect_bytes_s: float
     origin: str = "roofline guess (8 us + a ring at the interconnect's datasheet rate)"
+    domain: int = 1 << 30
+    network_bytes_s: float = 0.0
 
     def all_reduce_s(self, message_bytes: float, ranks: int) -> float:
-        return ALLREDUCE_LATENCY_S + 2 * (ranks - 1) / ranks * message_bytes / self.interconnect_bytes_s
+        if ranks <= self.domain:
+            return ALLREDUCE_LATENCY_S + 2 * (ranks - 1) / ranks * message_bytes / self.interconnect_bytes_s
+        d, domains = self.domain, math.ceil(ranks / self.domain)
+        inside = 2 * (d - 1) / d * message_bytes / self.interconnect_bytes_s
+        across = 2 * (domains - 1) / domains * message_bytes / d / self.network_bytes_s
+        return 2 * ALLREDUCE_LATENCY_S + inside + across
 
     def exchange_s(self, elements: float, ranks: int, element_bytes: float) -> float:
         """Dispatch and combine of `elements` values a GPU sends (tokens x top-k x hidden), each the
-        latency floor and the (ranks - 1) / ranks of the message that leaves the GPU."""
-        return 2 * (ALLREDUCE_LATENCY_S + (ranks - 1) / ranks * elements * element_bytes / self.interconnect_bytes_s)
+        latency floor and the (ranks - 1) / ranks of the message that leaves the GPU: past the
+        domain, the larger of its share inside over the interconnect and its share outside over
+        the network."""
+        message = elements * element_bytes
+        if ranks <= self.domain:
+            return 2 * (ALLREDUCE_LATENCY_S + (ranks - 1) / ranks * message / self.interconnect_bytes_s)
+        inside = (self.domain - 1) / ranks * message / self.interconnect_bytes_s
+        outside = (ranks - self.domain) / ranks * message / self.network_bytes_s
+        return 2 * (ALLREDUCE_LATENCY_S + max(inside, outside))
 
 
 class MeasuredCollectives:
@@ -88,8 +107,11 @@ def all_to_all_for(scenario: Scenario,
     expert-parallel scenario, the warning that says what it is priced by when that is not its own
     hardware's measurement."""
     hw, engine, ranks = scenario.hardware_spec, scenario.engine_spec, scenario.gpus
-    guess = InterconnectGuess(hw.interconnect_gb_s * 1e9, origin="roofline guess (8 us + the message at the "
-                                                                  "interconnect's datasheet rate, each way)")
+    across = (f", the share bound beyond its {hw.nvlink_domain}-GPU domain over the {hw.network_gb_s:g} GB/s network"
+              if ranks > hw.nvlink_domain else "")
+    guess = InterconnectGuess(hw.interconnect_gb_s * 1e9, origin=f"roofline guess (8 us + the message at the "
+                                                                  f"interconnect's datasheet rate{across}, each way)",
+                              domain=hw.nvlink_domain, network_bytes_s=hw.network_gb_s * 1e9)
     if not scenario.expert_parallel or ranks == 1:
         return guess, None
     if not engine.all_to_all:
@@ -119,7 +141,7 @@ def collectives_for(scenario: Scenario,
     # parallel and experts split (not placed whole) the MoE's gather over every GPU.
     wide = scenario.data_parallel > 1 and not scenario.expert_parallel
     ranks = scenario.gpus if wide else scenario.tensor_parallel
-    guess = InterconnectGuess(hw.interconnect_gb_s * 1e9)
+    guess = InterconnectGuess(hw.interconnect_gb_s * 1e9, domain=hw.nvlink_domain, network_bytes_s=hw.network_gb_s * 1e9)
     if ranks == 1:
         return guess, None
     tables = published_metas(folder, "collectives", ("all_reduce",))

@@ -138,9 +138,10 @@ class MeasuredPricer:
     def needs_kv_tokens(self, query: int) -> bool:
         return self.stack.kv_window is not None
 
-    def experts_s(self, tokens: float, rank_tokens: float) -> float:
+    def experts_s(self, tokens: float, rank_tokens: float) -> tuple[float, float]:
         """Attention data parallel: the MoE layers' routed experts over every rank's `tokens`, from
-        the fused-MoE table (its tokens are all ranks'), and their exchange (RooflineRates.experts_time_s)."""
+        the fused-MoE table (its tokens are all ranks'), and their exchange: (experts, exchange)
+        seconds (RooflineRates.experts_time_s)."""
         c = self.c
         return self.rates.experts_time_s(c, tokens, rank_tokens, self.routed_s(tokens) if c.moe_layers else 0.0)
 

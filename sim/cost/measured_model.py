@@ -91,3 +91,55 @@ class MeasuredAllReduce:
                 s *= message_bytes / clamped[0]
             self._seconds[message_bytes] = s
         return s
+
+
+class MeasuredDeepEP:
+    """DeepEP's measured dispatch and combine at the scenario's GPU count (sim/cost/collectives.py's
+    all-to-all interface): the low-latency kernels while each GPU sends no more tokens than they
+    were timed at (decode and verification; the engines' low-latency buffers hold a few hundred
+    tokens a GPU), the high-throughput ones beyond (prompts); beyond a grid, its nearest point
+    scaled linearly in tokens."""
+
+    def __init__(self, low_latency: tuple[LogGrid, ...], high_throughput: tuple[LogGrid, ...] | None, top_k: int,
+                 hidden: int, origin: str):
+        self.low_latency, self.high_throughput = low_latency, high_throughput
+        self.values_per_token = top_k * hidden
+        self.low_latency_tokens = float(low_latency[0].axes[0][-1])
+        self.origin = origin
+        self._seconds: dict[float, float] = {}
+
+    def exchange_s(self, elements: float, ranks: int, element_bytes: float) -> float:
+        """Dispatch and combine of `elements` values a GPU sends (tokens x top-k x hidden); the
+        kernels send at their own widths (the table's), whatever `element_bytes`."""
+        tokens = max(elements / self.values_per_token, 1.0)
+        s = self._seconds.get(tokens)
+        if s is None:
+            grids = self.low_latency if tokens <= self.low_latency_tokens or self.high_throughput is None \
+                else self.high_throughput
+            s = 0.0
+            for grid in grids:
+                seconds, clamped = grid.lookup(tokens)
+                s += seconds * tokens / clamped[0] if clamped is not None and tokens > clamped[0] else seconds
+            if len(self._seconds) < 1 << 16:
+                self._seconds[tokens] = s
+        return s
+
+
+def measured_all_to_all(scenario: Scenario, tables: OperatorTables) -> MeasuredDeepEP | None:
+    """DeepEP's measured all-to-all for an expert-parallel mixture of experts at the scenario's GPU
+    count and expert shape: from the engine's own tables, else from vLLM's collection of the same
+    GPU (the same DeepEP kernels); None where neither timed that shape and GPU count."""
+    experts = scenario.model_spec.experts
+    if experts is None or not scenario.expert_parallel or scenario.gpus == 1:
+        return None
+    shape = (scenario.model_spec.hidden, experts.top_k, experts.routed, scenario.gpus)
+    for source in (tables, operator_tables(tables.system, "vllm") if tables.framework != "vllm" else None):
+        if source is None:
+            continue
+        low_latency = source.all_to_all("deepep_ll", *shape)
+        if low_latency is not None:
+            borrowed = "" if source is tables else f" (the {tables.framework} tables time none)"
+            return MeasuredDeepEP(low_latency, source.all_to_all("deepep_ht", *shape), experts.top_k, shape[0],
+                                  f"measured: {describe(source)} DeepEP dispatch and combine{borrowed}")
+    return None
+

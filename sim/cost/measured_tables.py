@@ -7,6 +7,7 @@ as grids a pricer looks latencies up in (sim/cost/log_grid.py).
     MLA generation        SGLang's and TensorRT-LLM's absorbed MLA kernel, by heads a GPU: (batch, KV tokens)
     fused MoE             by hidden, expert width, top-k, experts, MoE TP and EP and dtype: (tokens)
     custom all-reduce     by GPUs: (message bytes)
+    MoE all-to-all        DeepEP's dispatch and combine by backend, GPUs, hidden, top-k, experts: (tokens a GPU sends)
 
 Where a table times an operator with several kernels, the one with the most measured points is
 taken (on an H100 that is FlashAttention 3 for attention, vLLM's Triton experts for bf16 MoE).
@@ -38,9 +39,11 @@ COLUMNS = {
     "moe_perf": ("kernel_source", "moe_dtype", "num_tokens", "hidden_size", "inter_size", "topk", "num_experts",
                  "moe_tp_size", "moe_ep_size", "distribution"),
     "custom_allreduce_perf": ("kernel_source", "num_gpus", "message_size"),
+    "moe_a2a_perf": ("kernel_source", "comm_backend", "phase", "ep_size", "hidden_size", "topk", "num_experts",
+                     "num_tokens", "transmit_us", "notify_us"),
 }
 FAMILY_OF = {"gemm_perf": "gemm", "generation_attention_perf": "attention", "context_attention_perf": "attention",
-             "generation_mla_perf": "mla", "moe_perf": "moe", "custom_allreduce_perf": "comm"}
+             "generation_mla_perf": "mla", "moe_perf": "moe", "custom_allreduce_perf": "comm", "moe_a2a_perf": "comm"}
 # The routing a fused-MoE table measured that real traffic is closest to (aiconfigurator's default too).
 MOE_DISTRIBUTIONS = ("power_law_1.01", "balanced")
 # Bytes of an element -> the tables' dtype names.
@@ -157,6 +160,22 @@ class OperatorTables:
             if rows is not None:
                 return LogGrid.from_frame(rows, ("num_tokens",))
         return None
+
+    @lru_cache(maxsize=None)
+    def all_to_all(self, backend: str, hidden: int, topk: int, experts: int, gpus: int) -> tuple[LogGrid, ...] | None:
+        """DeepEP's dispatch and combine of an MoE layer (backend deepep_ll: the low-latency kernels;
+        deepep_ht: the high-throughput ones) over the tokens each of `gpus` GPUs sends, for this
+        hidden size, top-k and expert count; None where the table has no such shape. The table's
+        times are microseconds (its transmit and notify columns)."""
+        grids = []
+        for phase in ("dispatch", "combine"):
+            rows = self.chosen("moe_a2a_perf", comm_backend=backend, phase=phase, ep_size=gpus, hidden_size=hidden,
+                               topk=topk, num_experts=experts)
+            if rows is None:
+                return None
+            rows = rows.assign(exchange_s=(rows["transmit_us"] + rows["notify_us"]) * 1e-6)
+            grids.append(LogGrid.from_frame(rows, ("num_tokens",), latency_s="exchange_s"))
+        return tuple(grids)
 
     @lru_cache(maxsize=None)
     def all_reduce(self, gpus: int) -> LogGrid | None:

@@ -31,7 +31,7 @@ from sim.cost.table import BundleHost, TablePricer
 from sim.cost.kernels import LayerKernels
 from sim.cost.work import Forward, HostWork, Pricer, Selection, UniformForward
 from sim.cost.measured import MeasuredPricer
-from sim.cost.measured_model import MeasuredAllReduce, TermOrigins, measured_tables_for
+from sim.cost.measured_model import MeasuredAllReduce, TermOrigins, measured_all_to_all, measured_tables_for
 from sim.cost.measured_tables import OperatorTables
 from sim.errors import InputError
 from sim.formats.bundle import Bundle, check_bundle, load_bundle
@@ -209,13 +209,17 @@ def calibrated_cost_model(scenario: Scenario, bundle: Bundle) -> CostModel:
 
 def measured_cost_model(scenario: Scenario, tables: OperatorTables) -> CostModel:
     """Every stack priced by the measured tables (sim/cost/measured.py), the all-reduce by the
-    engine's measured one where the tables hold the GPU count, the host by the engine preset."""
+    engine's measured one where the tables hold the GPU count, expert parallelism's all-to-all by
+    DeepEP's measured kernels where they timed it, the host by the engine preset."""
     all_reduce = None
-    if scenario.tensor_parallel > 1:
+    # The table times one GPU count: not where the step also gathers every rank's tokens over all
+    # the GPUs (attention data parallel with the experts split).
+    if scenario.tensor_parallel > 1 and (scenario.data_parallel == 1 or scenario.expert_parallel):
         grid = tables.all_reduce(scenario.tensor_parallel)
         if grid is not None:
             all_reduce = MeasuredAllReduce(grid, tables)
-    rates = RooflineRates(scenario, link_gb_s=scenario.offload.link_gb_s, all_reduce=all_reduce)
+    rates = RooflineRates(scenario, link_gb_s=scenario.offload.link_gb_s, all_reduce=all_reduce,
+                          all_to_all=measured_all_to_all(scenario, tables))
     terms: dict[str, TermOrigins] = {}
 
     def pricer_of(stack: Stack) -> MeasuredPricer:

@@ -24,7 +24,7 @@ from sim.cost.coefficients import StackCost
 from sim.cost.collectives import all_to_all_for, collectives_for
 from sim.cost.compose import compose, with_transfer
 from sim.cost.stack import Stack
-from sim.cost.work import AllReduce, Forward, Selection, UniformForward
+from sim.cost.work import AllReduce, AllToAll, Forward, Selection, UniformForward
 from sim.scenario.schema import Scenario
 
 
@@ -34,7 +34,8 @@ class RooflineRates:
     host terms; with each stack's coefficients (`stack_cost`) and the composition of a forward from
     its terms (`compose`), which the operator tables' pricer shares (sim/cost/table.py)."""
 
-    def __init__(self, scenario: Scenario, link_gb_s: float | None = None, kernels=None, all_reduce=None):
+    def __init__(self, scenario: Scenario, link_gb_s: float | None = None, kernels=None, all_reduce=None,
+                 all_to_all=None):
         hw = scenario.hardware_spec
         self.kernels = kernels      # sim/cost/kernels.py LayerKernels, for the stacks it fits
         engine = scenario.engine_spec
@@ -58,8 +59,11 @@ class RooflineRates:
         self.collectives: AllReduce
         self.collectives, collectives_warning = (all_reduce, None) if all_reduce is not None else \
             collectives_for(scenario)
-        # Expert parallelism's all-to-all: the published table the engine names, else the guess (warned).
-        self.all_to_all, all_to_all_warning = all_to_all_for(scenario)
+        # Expert parallelism's all-to-all: the one given (DeepEP's, measured), else the published
+        # table the engine names, else the guess (warned).
+        self.all_to_all: AllToAll
+        self.all_to_all, all_to_all_warning = (all_to_all, None) if all_to_all is not None else \
+            all_to_all_for(scenario)
         self.warnings = [w for w in (collectives_warning, all_to_all_warning) if w]
         self.overlap_transfer = scenario.offload.overlap
         self._stacks: dict[int, StackCost] = {}
@@ -101,21 +105,21 @@ class RooflineRates:
         return ((c.layers + c.dense_layers) * reduce
                 + c.moe_layers * self.all_to_all.exchange_s(elements, self.tp, self.act_bytes))
 
-    def experts_time_s(self, c: StackCost, tokens: float, rank_tokens: float, routed_s: float) -> float:
+    def experts_time_s(self, c: StackCost, tokens: float, rank_tokens: float, routed_s: float) -> tuple[float, float]:
         """Attention data parallel: every MoE layer's routed experts (`routed_s`, one layer's, over
         all ranks' `tokens`) and their exchange across all GPUs, the busiest rank sending
         `rank_tokens`: expert parallelism's dispatch and combine of each GPU's share of its rank's
         tokens, else an all-gather of every rank's tokens before the split experts and a
-        reduce-scatter after (one all-reduce's traffic)."""
+        reduce-scatter after (one all-reduce's traffic). Returns (experts, exchange) seconds."""
         if not c.moe_layers or tokens <= 0:
-            return 0.0
+            return 0.0, 0.0
         hidden = c.stack.hidden
         if self.expert_parallel:
             elements = math.ceil(rank_tokens / self.tp) * c.stack.experts.top_k * hidden
             exchange = self.all_to_all.exchange_s(elements, self.gpus, self.act_bytes)
         else:
             exchange = self.collectives.all_reduce_s(tokens * hidden * self.act_bytes, self.gpus)
-        return c.moe_layers * (routed_s + exchange)
+        return c.moe_layers * routed_s, c.moe_layers * exchange
 
     def batch_terms_s(self, c: StackCost, tokens: float, logits: float) -> tuple[float, float]:
         """(shared, LM head) seconds of one forward of `tokens` query tokens, memoized: a serving
@@ -162,9 +166,9 @@ class RooflinePricer:
         """Does pricing a group of `query`-token requests need each request's KV, not just the sum?"""
         return query > self.c.query_ridge or not self.c.memory_bound_attention
 
-    def experts_s(self, tokens: float, rank_tokens: float) -> float:
+    def experts_s(self, tokens: float, rank_tokens: float) -> tuple[float, float]:
         """Attention data parallel: the MoE layers' routed experts over every rank's `tokens` and
-        their exchange (RooflineRates.experts_time_s)."""
+        their exchange, (experts, exchange) seconds (RooflineRates.experts_time_s)."""
         c = self.c
         return self.rates.experts_time_s(c, tokens, rank_tokens, c.routed_time_s(tokens) if c.moe_layers else 0.0)
 

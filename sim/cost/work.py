@@ -65,6 +65,15 @@ class AllReduce(Protocol):
         ...
 
 
+class AllToAll(Protocol):
+    """Expert parallelism's dispatch and combine (sim/cost/collectives.py, sim/cost/measured_model.py)."""
+    origin: str
+
+    def exchange_s(self, elements: float, ranks: int, element_bytes: float) -> float:
+        """Dispatch and combine of `elements` values a GPU sends (tokens x top-k x hidden) across `ranks` GPUs."""
+        ...
+
+
 class HostWork(Protocol):
     """The engine's host work, in seconds; each phase's part into `shares`."""
     origin: str
@@ -207,9 +216,9 @@ class ExpertsPricer(Protocol):
     """A stack's MoE layers over every attention data-parallel rank's tokens (sim/cost/roofline.py
     RooflinePricer, sim/cost/measured.py MeasuredPricer)."""
 
-    def experts_s(self, tokens: float, rank_tokens: float) -> float:
+    def experts_s(self, tokens: float, rank_tokens: float) -> tuple[float, float]:
         """One forward's routed experts over `tokens` (all ranks') and their exchange across the
-        GPUs, the busiest rank sending `rank_tokens`."""
+        GPUs, the busiest rank sending `rank_tokens`: (experts, exchange) seconds."""
         ...
 
 
@@ -222,19 +231,22 @@ class ExpertsWork:
     rank_tokens: float
     repeat: int = 1
 
-    def price(self, host: HostWork, shares: list[float]) -> float:
-        seconds = self.pricer.experts_s(self.tokens, self.rank_tokens) * self.repeat
-        shares[self.phase] += seconds
-        return seconds
+    def terms_s(self) -> tuple[float, float]:
+        """(experts, exchange) seconds of the `repeat` forwards."""
+        experts, exchange = self.pricer.experts_s(self.tokens, self.rank_tokens)
+        return experts * self.repeat, exchange * self.repeat
 
 
 @dataclass(slots=True, kw_only=True)
 class RankedStep:
     """One step of attention data-parallel ranks in lockstep (sim/ranks.py): each rank's own work
     (its scheduler's host work, its requests' drafting and forwards without the routed experts),
-    of which the slowest sets the step, then every forward's MoE layers over all ranks' tokens."""
+    of which the slowest sets the step, then every forward's MoE layers over all ranks' tokens and
+    their exchange. overlap (two-batch overlap): the exchange runs behind the other micro-batch's
+    compute, so only what exceeds the step's compute is paid."""
     ranks: list[list[WorkItem]]
     experts: list[ExpertsWork]
+    overlap: bool = False
 
     def price(self, host: HostWork, shares: list[float]) -> float:
         slowest, slowest_shares = -1.0, shares
@@ -247,9 +259,14 @@ class RankedStep:
                 slowest, slowest_shares = seconds, scratch
         for phase, part in enumerate(slowest_shares):
             shares[phase] += part
-        for experts in self.experts:
-            slowest += experts.price(host, shares)
-        return slowest
+        terms = [(e.phase, *e.terms_s()) for e in self.experts]
+        compute = slowest + sum(experts for _, experts, _ in terms)
+        exchange = sum(exchange for _, _, exchange in terms)
+        # Paid exchange: all of it, or under overlap what the compute does not hide, each forward its share.
+        paid = (max(0.0, exchange - compute) / exchange if exchange else 0.0) if self.overlap else 1.0
+        for phase, experts, exchange_s in terms:
+            shares[phase] += experts + exchange_s * paid
+        return compute + exchange * paid
 
 
 WorkItem = Union[StepHost, HostDraft, SpeculationHost, Forward, UniformForward, Selection, Subtotal, RankedStep]

@@ -113,6 +113,11 @@ def _check_semantics(scenario: Scenario) -> None:
     if scenario.expert_parallel and model.experts.routed % gpus:
         raise InputError("expert_parallel", f"{gpus} GPUs (tensor_parallel x data_parallel) do not divide "
                                             f"{model.name}'s {model.experts.routed} routed experts")
+    hw = scenario.hardware_spec
+    if gpus > hw.nvlink_domain and not hw.network_gb_s:
+        raise InputError("hardware.network_gb_s", f"{hw.name} has no network between nodes; {gpus} GPUs "
+                                                  f"(tensor_parallel x data_parallel) exceed the {hw.nvlink_domain} "
+                                                  f"its interconnect joins")
     if scenario.data_parallel > 1 and model.experts is None:
         raise InputError("data_parallel", f"{model.name} has no experts: its data-parallel ranks never step together; "
                                           f"simulate one replica at concurrency / data_parallel")

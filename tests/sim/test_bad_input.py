@@ -112,6 +112,11 @@ CASES = [
                                                                  hardware="h200"),
      "tensor_parallel: 3 does not divide deepseek-v3's 128 heads"),
     ("zero data-parallel ranks", with_changes(data_parallel=0), "data_parallel: input should be greater than 0"),
+    ("more GPUs than a node without a network", with_changes(hardware="rtx-4090", tensor_parallel=16),
+     "hardware.network_gb_s: rtx-4090 has no network between nodes; 16 GPUs (tensor_parallel x data_parallel) "
+     "exceed the 8 its interconnect joins"),
+    ("two-batch overlap not a boolean", with_changes(engine={"preset": "sglang", "two_batch_overlap": "yes"}),
+     "engine.two_batch_overlap: must be true or false (got 'yes')"),
 ]
 
 

@@ -31,7 +31,7 @@ def test_the_tables_are_read_where_the_package_installed_them():
 
 def test_coverage_lists_every_preset_with_tables_by_engine_and_version_the_current_one_marked():
     rows = coverage(GPUS)
-    assert {r["gpu"] for r in rows} == {"h100-sxm", "h200", "b200", "a100-80g"}
+    assert {r["gpu"] for r in rows} == {"h100-sxm", "h200", "b200", "gb200", "a100-80g"}
     assert {r["engine"] for r in rows} == set(FRAMEWORKS)
     for gpu in ("h100-sxm", "h200", "b200"):
         for engine in FRAMEWORKS:

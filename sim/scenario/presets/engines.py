@@ -71,6 +71,9 @@ class EngineSpec:
     # The engine's version whose measured operator tables price it (sim/cost/measured_tables.py);
     # empty: the newest complete collection the tables hold.
     version: str = ""
+    # Two-batch overlap (SGLang's --enable-two-batch-overlap): with attention data parallel, each
+    # rank's batch runs as two micro-batches, one's all-to-all hidden behind the other's compute.
+    two_batch_overlap: bool = False
 
     @classmethod
     def field_names(cls) -> list[str]:

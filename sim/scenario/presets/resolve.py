@@ -78,8 +78,10 @@ def resolve_engine(value: str | dict) -> EngineSpec:
     if "version" in overrides and not isinstance(overrides["version"], str):
         raise InputError("engine.version", f"must be a version string such as '0.24.0', quoted in YAML "
                                            f"(got {overrides['version']!r})")
+    if not isinstance(overrides.get("two_batch_overlap", False), bool):
+        raise InputError("engine.two_batch_overlap", f"must be true or false (got {overrides['two_batch_overlap']!r})")
     for key, number in overrides.items():
-        if key in ("name", "collectives", "host_profile", "all_to_all", "version"):
+        if key in ("name", "collectives", "host_profile", "all_to_all", "version", "two_batch_overlap"):
             continue
         if not _is_finite_number(number) or number < 0:
             raise InputError(f"engine.{key}", f"must be a non-negative number (got {number!r})")
@@ -126,7 +128,7 @@ def resolve_model(value: str, field: str) -> ModelSpec:
 # Hardware fields that may be null (gemm_corner: the plain roofline) or 0 (fp8_tflops: no FP8
 # tensor cores) besides a positive number.
 NULLABLE = {"gemm_corner"}
-ZERO_OK = {"fp8_tflops"}
+ZERO_OK = {"fp8_tflops", "network_gb_s"}
 
 
 def _check_positive_numbers(prefix: str, mapping: dict) -> None:

@@ -24,6 +24,7 @@ from sim.cost.memory import MemoryPlan
 from sim.cost.stack import Stacks
 from sim.lanes import LaneAcceptance
 from sim.policy import build_policy
+from sim.pools import Disaggregated
 from sim.result import RunRecord
 from sim.scenario.schema import Scenario
 from sim.slots import DecodeSlots
@@ -79,7 +80,13 @@ class PipelineSimulation:
         self.output_tokens = requests.output_tokens.tolist()
         self.kv_used_tokens = 0
         self.admitted = self.finished = 0
-        self.arrivals = Arrivals(self.env, requests, self.waiting, self.record.arrival_s)
+        self.arrivals: Arrivals | Disaggregated = Arrivals(self.env, requests, self.waiting, self.record.arrival_s)
+        # Prefill on a pool of its own: requests reach this (decode) pool prefilled, KV included.
+        self.kv_ready: np.ndarray | None = None
+        if scenario.disaggregation is not None:
+            self.arrivals = Disaggregated(self.env, scenario, requests, self.waiting, self.record.arrival_s,
+                                          speculative, requests.max_tokens + self.steps.verify_tokens)
+            self.kv_ready = self.arrivals.kv_ready
 
     # ---- scheduling -----------------------------------------------------------------------------
     def admit_waiting(self) -> None:
@@ -90,12 +97,28 @@ class PipelineSimulation:
         while self.waiting and self.slots.n + len(self.prefilling) < self.max_batch:
             rid = self.waiting[0]
             prompt = self.prompt_tokens[rid] + self.generated[rid]
-            need = prompt + self.reserve_tokens + self.steps.verify_tokens
+            prefilled = self.kv_ready is not None and self.kv_ready[rid] and not self.generated[rid]
+            need = prompt + prefilled + self.reserve_tokens + self.steps.verify_tokens
             if self.kv_used_tokens + need > capacity:
                 break
             self.waiting.popleft()
+            if prefilled:
+                self.join_prefilled(rid)
+                continue
             self.prefilling.append([rid, 0, prompt])
             self.kv_used_tokens += prompt + self.reserve_tokens
+
+    def join_prefilled(self, rid: int) -> None:
+        """A request prefilled on the prefill pool joins the decode slots with its KV and its first
+        token (the prefill's), which reaches its client now."""
+        prompt, output = self.prompt_tokens[rid], self.output_tokens[rid]
+        self.kv_used_tokens += prompt + 1 + self.reserve_tokens
+        self.generated[rid] = 1
+        self.admitted += 1
+        self.record.first_token_s[rid] = self.env.now
+        self.slots.add(rid, prompt + 1, prompt + output, self.admitted)
+        if output <= 1:
+            self.finish_requests(self.env.now)
 
     def make_room_for_step(self) -> None:
         """Preempt the newest decoding requests (recompute) until this step's KV growth fits."""

@@ -12,6 +12,7 @@ from sim.cost.model import cost_model_for
 from sim.cost.stack import build_stacks
 from sim.lanes import build_lanes
 from sim.pipeline import PipelineSimulation
+from sim.pools import Disaggregated
 from sim.result import Result, summarize
 from sim.scenario.load import load_scenario
 from sim.scenario.schema import Scenario
@@ -125,6 +126,8 @@ def run_pipeline(config: Scenario, requests: Requests, stacks, memory, build=Non
             acceptance = lanes = build_lanes(config, requests, acceptance, np.random.default_rng([config.seed, 4]))
     pipeline = PipelineSimulation(config, requests, cost, stacks, memory, acceptance,
                                   np.random.default_rng([config.seed, 3]), lanes=lanes)
+    if isinstance(pipeline.arrivals, Disaggregated):     # the prefill pool's pricing, named too
+        cost.warnings += [w for w in pipeline.arrivals.warnings if w not in cost.warnings]
     return pipeline.run(), cost
 
 

@@ -107,24 +107,9 @@ def _check_semantics(scenario: Scenario) -> None:
     model = scenario.model_spec
     scenario.hardware_spec, scenario.engine_spec, scenario.draft_spec  # resolve now, fail early
     tp = scenario.tensor_parallel
-    if scenario.expert_parallel and model.experts is None:
-        raise InputError("expert_parallel", f"{model.name} has no experts")
-    gpus = scenario.gpus
-    if scenario.expert_parallel and model.experts.routed % gpus:
-        raise InputError("expert_parallel", f"{gpus} GPUs (tensor_parallel x data_parallel) do not divide "
-                                            f"{model.name}'s {model.experts.routed} routed experts")
-    hw = scenario.hardware_spec
-    if gpus > hw.nvlink_domain and not hw.network_gb_s:
-        raise InputError("hardware.network_gb_s", f"{hw.name} has no network between nodes; {gpus} GPUs "
-                                                  f"(tensor_parallel x data_parallel) exceed the {hw.nvlink_domain} "
-                                                  f"its interconnect joins")
-    if scenario.data_parallel > 1 and model.experts is None:
-        raise InputError("data_parallel", f"{model.name} has no experts: its data-parallel ranks never step together; "
-                                          f"simulate one replica at concurrency / data_parallel")
-    for shaped in filter(None, (model, scenario.draft_spec)):
-        if shaped.heads % tp or (shaped.kv_heads % tp and tp % shaped.kv_heads):
-            raise InputError("tensor_parallel", f"{tp} does not divide {shaped.name}'s {shaped.heads} heads "
-                                                   f"and {shaped.kv_heads} KV heads")
+    check_layout(scenario, "", tp, scenario.data_parallel, scenario.expert_parallel)
+    if scenario.disaggregation is not None:
+        check_disaggregation(scenario)
     draft = scenario.draft_spec
     # Families pad their embeddings differently (Qwen2.5: 151936 vs 152064), so allow a little slack.
     if draft is not None and abs(draft.vocab - model.vocab) > 0.01 * model.vocab:
@@ -143,9 +128,9 @@ def _check_semantics(scenario: Scenario) -> None:
         from sim.formats.bundle import check_bundle, load_bundle
 
         check_bundle(load_bundle(scenario.calibration), scenario)     # unreadable, other model or dtype: fail now
-        if gpus != 1:
-            raise InputError("calibration", "a bundle times one device; tensor_parallel and data_parallel must be 1 "
-                                            "with calibration")
+        if scenario.gpus != 1 or scenario.disaggregation is not None:
+            raise InputError("calibration", "a bundle times one device; tensor_parallel and data_parallel must be 1, "
+                                            "and no disaggregation, with calibration")
     if scenario.operator_tables is not None:
         from sim.formats.operator_layout import user_tables_root
 
@@ -178,3 +163,46 @@ def _check_semantics(scenario: Scenario) -> None:
             raise InputError("speculation.acceptance.request_spread",
                                 f"{a.request_spread} is too wide for a Beta with mean {mean:g} "
                                 f"(needs spread^2 < mean (1 - mean))")
+
+
+def check_layout(scenario: Scenario, prefix: str, tp: int, dp: int, expert_parallel: bool) -> None:
+    """A pool's parallel layout against the model and the hardware (prefix: where its fields are,
+    "" for the scenario's own)."""
+    model, hw = scenario.model_spec, scenario.hardware_spec
+    gpus = tp * dp
+    if expert_parallel and model.experts is None:
+        raise InputError(f"{prefix}expert_parallel", f"{model.name} has no experts")
+    if expert_parallel and model.experts.routed % gpus:
+        raise InputError(f"{prefix}expert_parallel", f"{gpus} GPUs (tensor_parallel x data_parallel) do not divide "
+                                                     f"{model.name}'s {model.experts.routed} routed experts")
+    if gpus > hw.nvlink_domain and not hw.network_gb_s:
+        raise InputError("hardware.network_gb_s", f"{hw.name} has no network between nodes; {gpus} GPUs "
+                                                  f"(tensor_parallel x data_parallel) exceed the {hw.nvlink_domain} "
+                                                  f"its interconnect joins")
+    if dp > 1 and model.experts is None:
+        raise InputError(f"{prefix}data_parallel", f"{model.name} has no experts: its data-parallel ranks never step "
+                                                   f"together; simulate one replica at concurrency / data_parallel")
+    for shaped in filter(None, (model, scenario.draft_spec)):
+        if shaped.heads % tp or (shaped.kv_heads % tp and tp % shaped.kv_heads):
+            raise InputError(f"{prefix}tensor_parallel", f"{tp} does not divide {shaped.name}'s {shaped.heads} heads "
+                                                         f"and {shaped.kv_heads} KV heads")
+
+
+def check_disaggregation(scenario: Scenario) -> None:
+    """The prefill pool's layout, and the link between the pools: one the hardware has, joining
+    pools it can hold."""
+    d = scenario.disaggregation
+    hw = scenario.hardware_spec
+    if scenario.scheduler.batching != "continuous":
+        raise InputError("disaggregation", "a decode pool batches continuously (scheduler.batching: continuous)")
+    if d.prefill != "unlimited":
+        p = d.prefill
+        check_layout(scenario, "disaggregation.prefill.", p.tensor_parallel, p.data_parallel, p.expert_parallel)
+    link = d.transfer.link
+    if link == "network" and d.transfer.gb_s is None and not hw.network_gb_s:
+        raise InputError("disaggregation.transfer.link", f"{hw.name} has no network between nodes (network_gb_s 0); "
+                                                         f"use link: nvlink within {hw.nvlink_domain} GPUs, or give gb_s")
+    if link == "nvlink" and scenario.deployment_gpus > hw.nvlink_domain:
+        raise InputError("disaggregation.transfer.link", f"nvlink joins {hw.nvlink_domain} GPUs of {hw.name}; the pools "
+                                                         f"hold {scenario.deployment_gpus} (prefill "
+                                                         f"{d.prefill_gpus} + decode {scenario.gpus})")

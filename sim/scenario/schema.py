@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
+from sim.scenario.disaggregation import Disaggregation
 from sim.scenario.presets import EngineSpec, HardwareSpec, ModelSpec
 from sim.scenario.presets.resolve import resolve_engine, resolve_hardware, resolve_model
 from sim.scenario.speculation import Speculation
@@ -148,6 +149,9 @@ class Scenario(Strict):
     # A user's own measured tables (`profiler calibrate`'s BUNDLE/operator_tables, or the bundle),
     # laid over the package's for the GPU they were timed on (sim/cost/measured_model.py).
     operator_tables: Path | None = None
+    # Prefill on a pool of its own, the KV cache sent to this scenario's layout, the decode pool
+    # (sim/scenario/disaggregation.py); null: one pool does both.
+    disaggregation: Disaggregation | None = None
     workload: Workload = Workload()
     speculation: Speculation = Speculation()
     offload: Offload = Offload()
@@ -182,12 +186,22 @@ class Scenario(Strict):
         return self.tensor_parallel * self.data_parallel
 
     @property
+    def deployment_gpus(self) -> int:
+        """Every GPU the deployment holds: the decode pool's (or the one pool's) and the prefill pool's."""
+        return self.gpus + (self.disaggregation.prefill_gpus if self.disaggregation is not None else 0)
+
+    @property
     def layout(self) -> str:
-        """The parallel layout in a few characters: TP8; DP8 x TP1 attention with EP8 (or MoE TP8)."""
-        if self.data_parallel == 1:
-            return f"TP{self.tensor_parallel}"
-        experts = f"EP{self.gpus}" if self.expert_parallel else f"MoE TP{self.gpus}"
-        return f"DP{self.data_parallel} x TP{self.tensor_parallel} attention, {experts}"
+        """The parallel layout in a few characters: TP8; DP8 x TP1 attention with EP8 (or MoE TP8);
+        with disaggregation, the prefill pool's and the decode pool's."""
+        layout = layout_name(self.tensor_parallel, self.data_parallel, self.expert_parallel)
+        if self.disaggregation is None:
+            return layout
+        prefill = self.disaggregation.prefill
+        if prefill == "unlimited":
+            return f"decode {layout}, prefill unlimited"
+        server = layout_name(prefill.tensor_parallel, prefill.data_parallel, prefill.expert_parallel)
+        return f"prefill {prefill.instances} x {server}, decode {layout}"
 
     @property
     def activation_dtype(self) -> str:
@@ -219,3 +233,12 @@ class Scenario(Strict):
     def with_method_none(self) -> "Scenario":
         """The same scenario without speculation: the baseline every result is divided by."""
         return self.model_copy(update={"speculation": Speculation()})
+
+
+def layout_name(tensor_parallel: int, data_parallel: int, expert_parallel: bool) -> str:
+    """TP8; DP8 x TP1 attention with EP8 (or MoE TP8)."""
+    if data_parallel == 1:
+        return f"TP{tensor_parallel}"
+    gpus = tensor_parallel * data_parallel
+    experts = f"EP{gpus}" if expert_parallel else f"MoE TP{gpus}"
+    return f"DP{data_parallel} x TP{tensor_parallel} attention, {experts}"

@@ -55,7 +55,7 @@ def result_row(point: Point, result) -> dict:
     row = {
         "id": point.id, "group": point.group, "method": point.method,
         "speculation": spec.method, "hardware": s.hardware_spec.name, "model": s.model_spec.name,
-        "dtype": s.dtype, "tensor_parallel": s.tensor_parallel, "gpus": s.gpus, "engine": s.engine_spec.name,
+        "dtype": s.dtype, "tensor_parallel": s.tensor_parallel, "gpus": s.deployment_gpus, "engine": s.engine_spec.name,
         "calibration": None if s.calibration is None else repo_relative(s.calibration),
         "arrival": work.arrival, "batch": work.concurrency if work.arrival == "closed" else None,
         "rate_qps": work.rate_qps, "requests": work.requests,

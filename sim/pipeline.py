@@ -25,6 +25,7 @@ from sim.cost.stack import Stacks
 from sim.lanes import LaneAcceptance
 from sim.policy import build_policy
 from sim.pools import Disaggregated
+from sim.prefill import prefill_chunks
 from sim.result import RunRecord
 from sim.scenario.schema import Scenario
 from sim.slots import DecodeSlots
@@ -353,19 +354,6 @@ class PipelineSimulation:
         if self.lanes is not None:
             self.record.lookup_share = self.lanes.lookup_share()
         return self.record
-
-
-def prefill_chunks(prefilling: list[list[int]], budget: int) -> list[tuple[list[int], int]]:
-    """Share an iteration's prefill token budget among prefilling requests ([rid, done, total]),
-    oldest first."""
-    chunks = []
-    for entry in prefilling:
-        if budget == 0:
-            break
-        chunk = min(entry[2] - entry[1], budget)
-        chunks.append((entry, chunk))
-        budget -= chunk
-    return chunks
 
 
 def goodput_state(mean_context: float, prefilling: list[list[int]], prefill_chunk: int) -> tuple[int, int]:

@@ -28,6 +28,7 @@ from sim.cost.memory import plan_memory
 from sim.cost.model import cost_model_for
 from sim.cost.stack import build_stacks
 from sim.errors import InputError
+from sim.prefill import prefill_chunks
 from sim.scenario.disaggregation import PrefillPool
 from sim.scenario.schema import Scenario
 from sim.slots import DecodeSlots
@@ -69,8 +70,6 @@ class PrefillServer:
             event.succeed()
 
     def serve(self):
-        from sim.pipeline import prefill_chunks
-
         env, pools = self.pools.env, self.pools
         scratch = [0.0] * len(PHASES)
         while True:

@@ -7,8 +7,8 @@ from sim.cost.batch import PHASES
 from sim.cost.memory import plan_memory
 from sim.cost.model import cost_model_for
 from sim.cost.stack import build_stacks
-from sim.pipeline import prefill_chunks
 from sim.pools import prefill_scenario
+from sim.prefill import prefill_chunks
 from sim.scenario.load import load_scenario
 from sim.simulate import simulate
 from sim.slots import DecodeSlots

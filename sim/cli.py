@@ -157,6 +157,15 @@ def validate_command(args: argparse.Namespace) -> int:
     """predict profiler live runs, or the published GPU measurements, and report the error"""
     from sim.validate.commands import validate, validate_published
 
+    if args.deployments is not None:
+        if args.runs or args.calibration is not None or args.published is not None or args.fit:
+            raise InputError("--deployments", "predicts the deployments' catalogue alone: give no RUN_DIR, "
+                                              "--calibration, --published or --fit with it")
+        from sim.formats.provenance import REPO_ROOT
+        from sim.validate.commands import validate_deployments
+
+        folder = REPO_ROOT / "validation/deployments" if args.deployments == Path("-") else args.deployments
+        return validate_deployments(folder, out=args.out, docs=args.docs)
     if args.published is not None:
         if args.runs or args.calibration is not None:
             raise InputError("--published", "predicts the catalogue with the roofline model: give no RUN_DIR "

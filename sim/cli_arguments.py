@@ -82,6 +82,10 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--published", type=Path, nargs="?", const=Path("-"), metavar="CATALOGUE",
                         help="predict the published-measurement catalogue instead (default folder: "
                              "validation/published): errors.csv and parity.html, fit and held half apart")
+    parser.add_argument("--deployments", type=Path, nargs="?", const=Path("-"), metavar="FOLDER",
+                        help="predict the published large deployments instead (default folder: "
+                             "validation/deployments): attention data parallel, expert parallel, disaggregated "
+                             "pools; errors.csv there (or in --out)")
     parser.add_argument("--scenarios", type=Path, metavar="DIR",
                         help="with --published: also write each case's scenario as DIR/CASE.yaml (for sim run)")
     parser.add_argument("--cost", choices=("auto", "measured", "roofline"),

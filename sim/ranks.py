@@ -13,7 +13,9 @@ dispatch in arrival order.
 Each rank's work is planned by the single-rank planner over its own rows (sim/step.py); the routed
 experts are priced once per forward over all ranks' tokens (`ExpertsWork`), with the busiest
 rank's share of the tokens for the exchange. Whole requests per rank are what makes the ranks
-uneven: the slowest rank's own work is what the step pays, not the mean.
+uneven: the slowest rank's own work is what the step pays, not the mean. With two-batch overlap
+each rank runs its rows as two micro-batches (each reading the weights again), and one's exchange
+hides behind the other's compute (sim/cost/work.py RankedStep).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from sim.cost.work import ExpertsWork, Forward, RankedStep, Subtotal, UniformForward, WorkItem
+from sim.cost.work import ExpertsWork, Forward, RankedStep, StepHost, Subtotal, UniformForward, WorkItem
 from sim.slots import DecodeSlots
 
 
@@ -38,22 +40,30 @@ def plan_ranked_step(plan_one: Callable, config, shape, slots: DecodeSlots, n: i
     ranks = config.data_parallel
     whole = plan_one(config, shape, slots, n, chunks, predrawn, catch_up)
     owner = rank_of(slots.rid[:n], ranks)
+    # Two-batch overlap: each rank's rows run as two micro-batches (alternate rows, its prompt
+    # chunks with the first), each its own forwards over the weights; the host schedules once.
+    batches = 2 if config.two_batch_overlap else 1
     per_rank: list[list[WorkItem]] = []
     rank_tokens = []
     for r in range(ranks):
-        rows = np.flatnonzero(owner == r)
-        mine = slots.subset(rows)
-        own_chunks = [c for c in chunks if c[0][0] % ranks == r]
-        own_catch_up = None
-        if catch_up is not None:
-            own_catch_up = (catch_up[0], round(catch_up[1] * len(rows) / n) if n else 0)
-        work = plan_one(config, shape, mine, len(rows), own_chunks,
-                        predrawn[rows] if predrawn is not None else None, own_catch_up)
-        per_rank.append(list(work))
+        mine_all = np.flatnonzero(owner == r)
+        work: list[WorkItem] = []
+        for b in range(batches):
+            rows = mine_all[b::batches]
+            own_chunks = [c for c in chunks if c[0][0] % ranks == r] if b == 0 else []
+            own_catch_up = None
+            if catch_up is not None:
+                own_catch_up = (catch_up[0], round(catch_up[1] * len(rows) / n) if n else 0)
+            planned = plan_one(config, shape, slots.subset(rows), len(rows), own_chunks,
+                               predrawn[rows] if predrawn is not None else None, own_catch_up)
+            work += list(planned) if b == 0 else [item for item in planned if not isinstance(item, StepHost)]
+        per_rank.append(work)
         rank_tokens.append(sum(tokens for _, _, tokens, _ in expert_forwards(work)))
     total = sum(rank_tokens)
     busiest = max(rank_tokens) / total if total else 0.0
-    experts = [ExpertsWork(pricer=pricer, phase=phase, tokens=tokens, rank_tokens=tokens * busiest, repeat=repeat)
+    # Each micro-batch's MoE layers over half of every rank's tokens.
+    experts = [ExpertsWork(pricer=pricer, phase=phase, tokens=tokens / batches, rank_tokens=tokens * busiest / batches,
+                           repeat=repeat * batches)
                for pricer, phase, tokens, repeat in expert_forwards(whole)]
     step = type(whole)([RankedStep(ranks=per_rank, experts=experts, overlap=config.two_batch_overlap)])
     step.replayed_plain = whole.replayed_plain

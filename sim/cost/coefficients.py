@@ -36,7 +36,7 @@ class StackCost:
     def __init__(self, stack: Stack, *, act_bytes: int, kv_bytes: int, tp: int, flops_s: float, attn_flops_s: float,
                  bytes_s: float, lm_head_bytes: int, corner: float | None, expert_parallel: bool = False,
                  weight_read_scale: float = 1.0, kernels=None, moe_gpus: int | None = None,
-                 routed_elsewhere: bool = False):
+                 routed_elsewhere: bool = False, redundant_experts: int = 0):
         self.stack = stack
         # A published profile's layer kernels of this stack's shape (sim/cost/kernels.py), or None.
         self.kernels = kernels
@@ -67,6 +67,8 @@ class StackCost:
             # Expert parallelism: whole experts, routed / moe_gpus of them on each GPU; the busiest
             # GPU (most distinct experts, most token-expert pairs) sets the layer's time.
             self.expert_gpus = moe_gpus if expert_parallel else 1
+            # Experts placed (redundant copies of the most used ones spread their tokens too).
+            self.placed_experts = e.routed + redundant_experts
             if expert_parallel:
                 self.expert = LinearCost(self.expert.flops_per_token * moe_gpus, self.expert.weight_bytes * moe_gpus,
                                       self.expert.act_bytes_per_token * moe_gpus)
@@ -157,7 +159,7 @@ class StackCost:
         e = self.experts
         op = self.expert
         if self.expert_gpus > 1:
-            experts, pairs = busiest_gpu(e.routed, e.top_k, tokens, self.expert_gpus)
+            experts, pairs = busiest_gpu(self.placed_experts, e.top_k, tokens, self.expert_gpus)
         else:
             experts, pairs = self.distinct_experts(tokens), tokens * e.top_k
         compute = pairs * op.flops_per_token / self.flops_s

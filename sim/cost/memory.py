@@ -63,12 +63,15 @@ def plan_memory(scenario: Scenario, stacks: Stacks, max_request_tokens: int, con
     draft_weights = stacks.draft_weights_resident_bytes / tp
     running = min(concurrency_hint, scenario.scheduler.max_batch)
     ranks = scenario.data_parallel
-    if ranks > 1:
+    if ranks > 1 or scenario.redundant_experts:
         # Attention data parallel: each rank holds the attention, dense and shared weights (split by
         # its tensor-parallel group) and its own requests' KV; the routed experts are spread over
         # every GPU. The plan is one GPU's; the scheduler's KV capacity is every rank's.
         gpus = scenario.gpus
         experts = stacks.target.layer_expert_bytes()
+        moe = scenario.model_spec.experts
+        if scenario.redundant_experts and moe is not None:      # the redundant copies' weights too
+            experts *= (moe.routed + scenario.redundant_experts) / moe.routed
         layer_bytes = (stacks.target.layer_weight_bytes() - experts) / tp + experts / gpus
         draft_weights = ((stacks.draft_weights_resident_bytes - stacks.draft_expert_bytes) / tp
                          + stacks.draft_expert_bytes / gpus)

@@ -44,6 +44,7 @@ class RooflineRates:
         self.data_parallel = scenario.data_parallel
         self.gpus = scenario.gpus
         self.expert_parallel = scenario.expert_parallel
+        self.redundant_experts = scenario.redundant_experts
         self.act_bytes = scenario.dtype_bytes
         self.kv_bytes = scenario.kv_bytes
         self.flops_s = hw.peak_tflops(scenario.gemm_dtype) * 1e12 * engine.compute_efficiency
@@ -76,7 +77,7 @@ class RooflineRates:
                               flops_s=self.flops_s, attn_flops_s=self.attn_flops_s, bytes_s=self.bytes_s,
                               lm_head_bytes=self.act_bytes, corner=self.corner,
                               expert_parallel=self.expert_parallel, moe_gpus=self.gpus,
-                              routed_elsewhere=self.data_parallel > 1,
+                              routed_elsewhere=self.data_parallel > 1, redundant_experts=self.redundant_experts,
                               weight_read_scale=self.int4_read_scale if stack.weight_bytes < self.act_bytes else 1.0,
                               kernels=self.kernels if self.kernels is not None and self.kernels.fits(stack) else None)
             self._stacks[id(stack)] = cost

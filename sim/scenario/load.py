@@ -107,7 +107,7 @@ def _check_semantics(scenario: Scenario) -> None:
     model = scenario.model_spec
     scenario.hardware_spec, scenario.engine_spec, scenario.draft_spec  # resolve now, fail early
     tp = scenario.tensor_parallel
-    check_layout(scenario, "", tp, scenario.data_parallel, scenario.expert_parallel)
+    check_layout(scenario, "", tp, scenario.data_parallel, scenario.expert_parallel, scenario.redundant_experts)
     if scenario.disaggregation is not None:
         check_disaggregation(scenario)
     draft = scenario.draft_spec
@@ -165,16 +165,19 @@ def _check_semantics(scenario: Scenario) -> None:
                                 f"(needs spread^2 < mean (1 - mean))")
 
 
-def check_layout(scenario: Scenario, prefix: str, tp: int, dp: int, expert_parallel: bool) -> None:
+def check_layout(scenario: Scenario, prefix: str, tp: int, dp: int, expert_parallel: bool, redundant: int = 0) -> None:
     """A pool's parallel layout against the model and the hardware (prefix: where its fields are,
     "" for the scenario's own)."""
     model, hw = scenario.model_spec, scenario.hardware_spec
     gpus = tp * dp
-    if expert_parallel and model.experts is None:
+    if (expert_parallel or redundant) and model.experts is None:
         raise InputError(f"{prefix}expert_parallel", f"{model.name} has no experts")
-    if expert_parallel and model.experts.routed % gpus:
+    if redundant and not expert_parallel:
+        raise InputError(f"{prefix}redundant_experts", "copies experts placed whole: it needs expert_parallel: true")
+    if expert_parallel and (model.experts.routed + redundant) % gpus:
+        placed = f"{model.experts.routed} routed experts" + (f" and {redundant} redundant copies" if redundant else "")
         raise InputError(f"{prefix}expert_parallel", f"{gpus} GPUs (tensor_parallel x data_parallel) do not divide "
-                                                     f"{model.name}'s {model.experts.routed} routed experts")
+                                                     f"{model.name}'s {placed}")
     if gpus > hw.nvlink_domain and not hw.network_gb_s:
         raise InputError("hardware.network_gb_s", f"{hw.name} has no network between nodes; {gpus} GPUs "
                                                   f"(tensor_parallel x data_parallel) exceed the {hw.nvlink_domain} "

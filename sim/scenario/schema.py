@@ -140,6 +140,9 @@ class Scenario(Strict):
     # Mixtures of experts: false splits every expert across all the GPUs; true places whole experts,
     # routed / GPUs on each (attention stays tensor parallel within a rank).
     expert_parallel: bool = False
+    # Expert parallelism's redundant copies of the most used experts (SGLang's
+    # --ep-num-redundant-experts with EPLB): routed + redundant experts are placed, evenly over the GPUs.
+    redundant_experts: NonNegativeInt = 0
     engine: Union[str, dict[str, Any]] = "vllm"
     calibration: Path | None = None
     # What prices the GPU's kernels without a calibration: auto takes the measured operator tables

@@ -54,7 +54,8 @@ def validate(paths: list[Path], calibration: Path | None = None, out: Path | Non
                       "seeds": sorted({int(r.meta.get("seed", 0)) for r in runs})}
         frame = comparisons_frame(rows)
         try:
-            write_atomic(out / "validation.csv", f"# provenance: {json.dumps(provenance)}\n" + frame.to_csv(index=False))
+            write_atomic(out / "validation.csv", f"# provenance: {json.dumps(provenance)}\n"
+                    + frame.drop(columns="seconds").to_csv(index=False))
             title = f"Predicted against measured: {out.name}, {len(runs)} live runs " \
                     f"({'calibrated: ' + repo_relative(calibration) if calibration else 'roofline'}), git {git_revision()[:12]}"
             write_atomic(out / "parity.html", parity_html(rows, title))
@@ -90,7 +91,8 @@ def validate_server(runs, paths: list[Path], run_dirs: list[Path], calibration: 
                       "seeds": sorted({int(r.meta.get("seed", 0)) for r in runs})}
         frame = pd.DataFrame([r.row() for r in rows])
         try:
-            write_atomic(out / "validation.csv", f"# provenance: {json.dumps(provenance)}\n" + frame.to_csv(index=False))
+            write_atomic(out / "validation.csv", f"# provenance: {json.dumps(provenance)}\n"
+                    + frame.drop(columns="seconds").to_csv(index=False))
         except OSError as exc:
             raise InputError("--out", f"cannot write into {out}: {exc.strerror or exc}") from None
     if docs is not None:
@@ -154,6 +156,39 @@ def validate_published(catalogue: Path, out: Path | None = None, docs: Path | No
               f"{len(s['wrong_side'])} of {s['decisive']} on the wrong side of 1")
     print(f"{len(predictions)} cases in {elapsed:.1f} s (slowest {max(p.seconds for p in predictions):.2f} s); "
           f"wrote {out / 'errors.csv'} and {out / 'parity.html'}")
+    return 0
+
+
+def validate_deployments(folder: Path, out: Path | None = None, docs: Path | None = None) -> int:
+    """Predict every published large deployment (sim/validate/deployments.py), print their errors,
+    write errors.csv into `out` (default: the folder) and, with `docs`, the table between the
+    Markdown file's `validation:deployments` markers."""
+    import time
+
+    from sim.cost.operator_tables import package_provenance
+    from sim.validate.deployments import deployments_markdown, load_deployments, predict_deployments
+
+    started = time.perf_counter()
+    cases = load_deployments(folder)
+    frame = predict_deployments(cases, progress=True)
+    out = folder if out is None else out
+    provenance = {"catalogue": repo_relative(folder), "cases": len(frame), "operator_tables": package_provenance(),
+                  "git_revision": git_revision(), "versions": versions(), "seed": 0}
+    try:
+        write_atomic(out / "errors.csv", f"# provenance: {json.dumps(provenance)}\n"
+                    + frame.drop(columns="seconds").to_csv(index=False))
+    except OSError as exc:
+        raise InputError("--out", f"cannot write into {out}: {exc.strerror or exc}") from None
+    command = " ".join(["python -m sim validate --deployments", repo_relative(folder),
+                        *(["--out", repo_relative(out)] if out != folder else []),
+                        *(["--docs", repo_relative(docs)] if docs is not None else [])])
+    if docs is not None:
+        update_docs(docs, "deployments", deployments_markdown(frame, command))
+    errors = frame.error.abs()
+    for r in frame.itertuples():
+        print(f"{r.case:<42} measured {r.measured:>10,.1f}  predicted {r.predicted:>10,.1f}  {r.error:+.1%}")
+    print(f"held: {len(frame)} cases: median |error| {errors.median():.1%}, P90 {errors.quantile(0.9):.1%}; "
+          f"{time.perf_counter() - started:.1f} s; wrote {out / 'errors.csv'}")
     return 0
 
 

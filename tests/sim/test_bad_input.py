@@ -128,6 +128,10 @@ CASES = [
     ("a disaggregated static batch", with_changes(scheduler={"batching": "static"}, disaggregation={"prefill": "unlimited"}),
      "disaggregation: a decode pool batches continuously"),
     ("an unknown prefill pool", with_changes(disaggregation={"prefill": "infinite"}), "disaggregation.prefill"),
+    ("redundant experts without expert parallelism",
+     with_changes(model="deepseek-v3", dtype="fp8", hardware="h200", tensor_parallel=8, redundant_experts=32,
+                  speculation__method="mtp"),
+     "redundant_experts: copies experts placed whole: it needs expert_parallel: true"),
     ("two-batch overlap not a boolean", with_changes(engine={"preset": "sglang", "two_batch_overlap": "yes"}),
      "engine.two_batch_overlap: must be true or false (got 'yes')"),
 ]

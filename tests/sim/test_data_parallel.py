@@ -8,7 +8,7 @@ from sim.cost.batch import PHASES
 from sim.cost.memory import plan_memory
 from sim.cost.model import cost_model_for
 from sim.cost.stack import build_stacks
-from sim.cost.work import ExpertsWork, RankedStep, UniformForward
+from sim.cost.work import ExpertsWork, RankedStep, StepHost, UniformForward
 from sim.scenario.load import load_scenario
 from sim.simulate import simulate
 from sim.slots import DecodeSlots
@@ -137,12 +137,19 @@ def test_two_batch_overlap_pays_only_the_exchange_the_compute_does_not_hide():
     plan, overlapped_s, _, _ = decode_step(overlapped, contexts)
     (step,) = plan
     assert step.overlap and not plain[0].overlap
+    # Each rank runs its 2 requests as two micro-batches of 1, each over the weights; the host once.
+    for work in step.ranks:
+        forwards = [item for item in work if isinstance(item, UniformForward)]
+        assert [f.requests for f in forwards] == [1, 1]
+        assert sum(isinstance(item, StepHost) for item in work) == 1
+    (experts,) = step.experts
+    assert (experts.tokens, experts.rank_tokens, experts.repeat) == (RANKS, 1, 2)
     compute = max(price(work, cost, [0.0] * len(PHASES)) for work in step.ranks)
-    experts, exchange = step.experts[0].terms_s()
-    compute += experts
-    assert plain_s == pytest.approx(compute + exchange, rel=1e-12)
+    routed, exchange = experts.terms_s()
+    compute += routed
     assert overlapped_s == pytest.approx(max(compute, exchange), rel=1e-12)
-    assert overlapped_s < plain_s
+    # Without overlap the same micro-batches would pay the exchange on top.
+    assert overlapped_s < compute + exchange
 
 
 def test_collectives_past_the_nvlink_domain_cross_the_network():

@@ -14,6 +14,7 @@ import json
 import math
 
 from sim.errors import InputError
+from sim.scenario.engine_flags import launch_flags
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # vLLM's and SGLang's names of the drafters they ship (the simulator's others have none).
@@ -82,7 +83,7 @@ def recommend(mapping: dict, batches: list[int] | None = None, contexts: list[in
     return {"method": spec.method, "hardware": scenario.hardware_spec.name, "model": scenario.model_spec.name,
             "scenario_k": own_k, "max_k": max_k, "cells": cells, "schedule": schedule,
             "vllm": vllm_config(spec.method, schedule), "sglang": sglang_flags(spec.method, own_best),
-            "sglang_batch": own_batch}
+            "sglang_batch": own_batch, "layout": launch_flags(scenario)}
 
 
 def at_load(mapping: dict, batch: int, context: int | None) -> dict:
@@ -184,4 +185,6 @@ def format_recommendation(out: dict) -> str:
     else:
         flags = out["sglang"] or "(no speculation)"
         lines.append(f"SGLang at batch {out['sglang_batch']} (no per-batch schedule): {flags}")
+    lines.append(f"layout, vLLM: {out['layout']['vllm']}")
+    lines.append(f"layout, SGLang: {out['layout']['sglang']}")
     return "\n".join(lines)

@@ -219,7 +219,8 @@ def measured_cost_model(scenario: Scenario, tables: OperatorTables) -> CostModel
         if grid is not None:
             all_reduce = MeasuredAllReduce(grid, tables)
     rates = RooflineRates(scenario, link_gb_s=scenario.offload.link_gb_s, all_reduce=all_reduce,
-                          all_to_all=measured_all_to_all(scenario, tables))
+                          # The engine's named all-to-all table first: the user chose it.
+                          all_to_all=None if scenario.engine_spec.all_to_all else measured_all_to_all(scenario, tables))
     terms: dict[str, TermOrigins] = {}
 
     def pricer_of(stack: Stack) -> MeasuredPricer:

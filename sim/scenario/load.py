@@ -9,6 +9,7 @@ import yaml
 from pydantic import ValidationError
 
 from sim.errors import InputError
+from sim.scenario.engine_flags import apply_engine_flags
 from sim.formats.published import is_published
 from sim.scenario.presets import MODELS
 from sim.scenario.schema import Scenario
@@ -23,6 +24,8 @@ def load_scenario(source: "Scenario | dict | str | Path") -> Scenario:
             mapping = resolve_relative_paths(read_mapping(source), Path(source).parent)
         else:
             mapping = source
+        if isinstance(mapping, dict):
+            mapping = apply_engine_flags(mapping)       # a layout in SGLang's or vLLM's flags
         try:
             scenario = Scenario.model_validate(mapping)
         except ValidationError as exc:
@@ -107,6 +110,10 @@ def _check_semantics(scenario: Scenario) -> None:
     model = scenario.model_spec
     scenario.hardware_spec, scenario.engine_spec, scenario.draft_spec  # resolve now, fail early
     tp = scenario.tensor_parallel
+    if scenario.calibration is not None and not is_published(scenario.calibration) and (
+            scenario.gpus != 1 or scenario.disaggregation is not None):
+        raise InputError("calibration", "a bundle times one device; tensor_parallel and data_parallel must be 1, "
+                                        "and no disaggregation, with calibration")
     check_layout(scenario, "", tp, scenario.data_parallel, scenario.expert_parallel, scenario.redundant_experts)
     if scenario.disaggregation is not None:
         check_disaggregation(scenario)
@@ -128,9 +135,6 @@ def _check_semantics(scenario: Scenario) -> None:
         from sim.formats.bundle import check_bundle, load_bundle
 
         check_bundle(load_bundle(scenario.calibration), scenario)     # unreadable, other model or dtype: fail now
-        if scenario.gpus != 1 or scenario.disaggregation is not None:
-            raise InputError("calibration", "a bundle times one device; tensor_parallel and data_parallel must be 1, "
-                                            "and no disaggregation, with calibration")
     if scenario.operator_tables is not None:
         from sim.formats.operator_layout import user_tables_root
 

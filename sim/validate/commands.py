@@ -54,8 +54,7 @@ def validate(paths: list[Path], calibration: Path | None = None, out: Path | Non
                       "seeds": sorted({int(r.meta.get("seed", 0)) for r in runs})}
         frame = comparisons_frame(rows)
         try:
-            write_atomic(out / "validation.csv", f"# provenance: {json.dumps(provenance)}\n"
-                    + frame.drop(columns="seconds").to_csv(index=False))
+            write_atomic(out / "validation.csv", f"# provenance: {json.dumps(provenance)}\n" + frame.to_csv(index=False))
             title = f"Predicted against measured: {out.name}, {len(runs)} live runs " \
                     f"({'calibrated: ' + repo_relative(calibration) if calibration else 'roofline'}), git {git_revision()[:12]}"
             write_atomic(out / "parity.html", parity_html(rows, title))
@@ -91,8 +90,7 @@ def validate_server(runs, paths: list[Path], run_dirs: list[Path], calibration: 
                       "seeds": sorted({int(r.meta.get("seed", 0)) for r in runs})}
         frame = pd.DataFrame([r.row() for r in rows])
         try:
-            write_atomic(out / "validation.csv", f"# provenance: {json.dumps(provenance)}\n"
-                    + frame.drop(columns="seconds").to_csv(index=False))
+            write_atomic(out / "validation.csv", f"# provenance: {json.dumps(provenance)}\n" + frame.to_csv(index=False))
         except OSError as exc:
             raise InputError("--out", f"cannot write into {out}: {exc.strerror or exc}") from None
     if docs is not None:

@@ -2,6 +2,7 @@
 python -m sim sweep [STUDY.yaml] [--executor local|ray] [--address ADDR] [--workers N] [--resume] [--out DIR] [--cost C]
 python -m sim report RESULTS_DIR [--validation CSV] [--out FILE]
 python -m sim capacity SCENARIO [--set FIELD=VALUE ...] [--tolerance F] [--max-rate QPS] [--json]
+python -m sim capacity SCENARIO --pools [--max-gpus N] [--json]
 python -m sim recommend SCENARIO [--set FIELD=VALUE ...] [--batches B1,B2,...] [--contexts C1,...] [--max-k K] [--json]
 python -m sim validate RUN_DIR|CAMPAIGN_DIR... [--calibration DIR] [--out DIR] [--docs FILE]
 python -m sim validate --published [CATALOGUE] [--out DIR] [--docs FILE] [--scenarios DIR]
@@ -135,6 +136,12 @@ def capacity_command(args: argparse.Namespace) -> int:
     from sim.capacity import find_capacity, format_capacity
     from sim.result import json_safe
 
+    if args.pools:
+        from sim.capacity_pools import format_pools, size_pools
+
+        sized = size_pools(scenario_with_overrides(args.scenario, args.overrides, args.cost), max_gpus=args.max_gpus)
+        print(json.dumps(json_safe(sized)) if args.json else format_pools(sized))
+        return 0
     result = find_capacity(scenario_with_overrides(args.scenario, args.overrides, args.cost), tolerance=args.tolerance,
                            max_rate_qps=args.max_rate)
     print(json.dumps(json_safe(result)) if args.json else format_capacity(result))

@@ -51,6 +51,10 @@ def add_capacity_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tolerance", type=float, default=0.02,
                         help="stop when the bracket is narrower than this fraction of the rate (default 0.02)")
     parser.add_argument("--max-rate", type=float, help="highest rate to try, in requests/s")
+    parser.add_argument("--pools", action="store_true",
+                        help="size a disaggregated scenario's prefill servers and decode ranks instead: the fewest "
+                             "GPUs meeting its SLOs at its own Poisson rate")
+    parser.add_argument("--max-gpus", type=int, default=64, help="with --pools: most GPUs to try (default 64)")
     parser.add_argument("--cost", choices=("auto", "measured", "roofline"),
                         help="what prices the GPU's kernels: the measured operator tables (aiconfigurator-core) or "
                              "the roofline (default: the scenario's `cost`, auto: the tables where they cover it)")

@@ -116,10 +116,10 @@ def launch_flags(scenario) -> dict[str, str]:
            "vllm": f"decode: {out['vllm']} --kv-transfer-config '{{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}}'"}
     if d.prefill != "unlimited":
         p = d.prefill
-        out["sglang"] += (f"; prefill ({p.instances} servers): --disaggregation-mode prefill "
+        out["sglang"] += (f"; prefill ({servers(p.instances)}): --disaggregation-mode prefill "
                           f"{sglang_layout(p.tensor_parallel, p.data_parallel, p.expert_parallel, 0, False)} "
                           f"--chunked-prefill-size {p.prefill_chunk}")
-        out["vllm"] += (f"; prefill ({p.instances} servers): "
+        out["vllm"] += (f"; prefill ({servers(p.instances)}): "
                         f"{vllm_layout(p.tensor_parallel, p.data_parallel, p.expert_parallel, 0, False)} "
                         f"--max-num-batched-tokens {p.prefill_chunk} --kv-transfer-config "
                         f"'{{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}}'")
@@ -151,3 +151,7 @@ def vllm_layout(tp: int, dp: int, ep: bool, redundant: int, overlap: bool) -> st
     if overlap:
         flags += ["--enable-dbo"]
     return " ".join(flags)
+
+
+def servers(count: int) -> str:
+    return f"{count} server" + ("s" if count != 1 else "")

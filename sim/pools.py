@@ -48,8 +48,27 @@ def prefill_scenario(scenario: Scenario) -> Scenario:
     assert p is not None        # asked only of a scenario with a prefill pool
     return scenario.model_copy(update={
         "tensor_parallel": p.tensor_parallel, "data_parallel": p.data_parallel, "expert_parallel": p.expert_parallel,
-        "disaggregation": None,
+        "redundant_experts": 0, "disaggregation": None,
         "scheduler": scenario.scheduler.model_copy(update={"prefill_chunk": p.prefill_chunk})})
+
+
+class Inbox:
+    """Request ids waiting for a SimPy process (a prefill server, the decode pipeline), and the
+    event it sleeps on while there are none."""
+
+    def __init__(self, env: simpy.Environment, queue: deque):
+        self.env, self.queue = env, queue
+        self.wake: simpy.Event | None = None
+
+    def put(self, rid: int) -> None:
+        self.queue.append(rid)
+        if self.wake is not None:
+            event, self.wake = self.wake, None
+            event.succeed()
+
+    def next_arrival(self) -> simpy.Event:
+        self.wake = self.env.event()
+        return self.wake
 
 
 class PrefillServer:
@@ -57,33 +76,23 @@ class PrefillServer:
 
     def __init__(self, pools: "Disaggregated", config, cost, chunk_tokens: int):
         self.pools, self.config, self.cost, self.chunk_tokens = pools, config, cost, chunk_tokens
-        self.queue: deque[int] = deque()
+        self.inbox = Inbox(pools.env, deque())
         self.prefilling: list[list[int]] = []     # [rid, tokens done, prompt tokens]
-        self.wake: simpy.Event | None = None
         self.no_rows = DecodeSlots(1)
-        self.busy_s = 0.0
-
-    def arrive(self, rid: int) -> None:
-        self.queue.append(rid)
-        if self.wake is not None:
-            event, self.wake = self.wake, None
-            event.succeed()
 
     def serve(self):
-        env, pools = self.pools.env, self.pools
+        pools, queue = self.pools, self.inbox.queue
         scratch = [0.0] * len(PHASES)
         while True:
-            while self.queue:
-                rid = self.queue.popleft()
+            while queue:
+                rid = queue.popleft()
                 self.prefilling.append([rid, 0, pools.prompt_tokens[rid]])
             if not self.prefilling:
-                self.wake = env.event()
-                yield self.wake
+                yield self.inbox.next_arrival()
                 continue
             chunks = prefill_chunks(self.prefilling, self.chunk_tokens)
             step_s = price(plan_step(self.config, self.config.shape(0), self.no_rows, 0, chunks), self.cost, scratch)
-            yield env.timeout(step_s)
-            self.busy_s += step_s
+            yield pools.env.timeout(step_s)
             for entry, chunk in chunks:
                 entry[1] += chunk
             done = [e[0] for e in self.prefilling if e[1] == e[2]]
@@ -105,7 +114,7 @@ class PoolArrivals(Arrivals):
         self.arrival_s[rid] = self.env.now
         servers = self.pools.servers
         if servers:
-            servers[rid % len(servers)].arrive(rid)
+            servers[rid % len(servers)].inbox.put(rid)
         else:
             self.pools.hand_off(rid)
 
@@ -117,10 +126,10 @@ class Disaggregated:
 
     def __init__(self, env: simpy.Environment, scenario: Scenario, requests: Requests, queue: deque,
                  arrival_s: np.ndarray, speculative: bool, max_request_tokens: int):
-        self.env, self.scenario, self.queue = env, scenario, queue
+        self.env, self.scenario = env, scenario
+        self.inbox = Inbox(env, queue)          # the decode pool's queue
         self.prompt_tokens = requests.prompt_tokens.tolist()
         self.kv_ready = np.zeros(len(requests), dtype=bool)
-        self.waiting_engine: simpy.Event | None = None
         self.servers: list[PrefillServer] = []
         self.warnings: list[str] = []
         d = scenario.disaggregation
@@ -130,7 +139,7 @@ class Disaggregated:
         self.link_bytes_s = 1.0
         pool = prefill_pool(scenario)
         if pool is not None:
-            server = prefill_scenario(scenario) if speculative else prefill_scenario(scenario.with_method_none())
+            server = prefill_scenario(scenario)     # the baseline's configuration has no speculation
             stacks = build_stacks(server)
             try:
                 memory = plan_memory(server, stacks, max_request_tokens, 1)
@@ -157,10 +166,7 @@ class Disaggregated:
 
     def hand_off(self, rid: int) -> None:
         self.kv_ready[rid] = True
-        self.queue.append(rid)
-        if self.waiting_engine is not None:
-            event, self.waiting_engine = self.waiting_engine, None
-            event.succeed()
+        self.inbox.put(rid)
 
     # -- what the decode pipeline asks of its arrivals ---------------------------------------------
 
@@ -170,8 +176,7 @@ class Disaggregated:
         self.arrivals.start()
 
     def next_arrival(self) -> simpy.Event:
-        self.waiting_engine = self.env.event()
-        return self.waiting_engine
+        return self.inbox.next_arrival()
 
     def done(self) -> None:
         self.arrivals.done()

@@ -27,7 +27,7 @@ from sim.cost.work import ExpertsWork, Forward, RankedStep, StepHost, Subtotal, 
 from sim.slots import DecodeSlots
 
 
-def rank_of(rids: np.ndarray, ranks: int) -> np.ndarray:
+def rank_of(rids, ranks: int):
     """The rank each request is served on: round robin in arrival order."""
     return rids % ranks
 
@@ -50,7 +50,7 @@ def plan_ranked_step(plan_one: Callable, config, shape, slots: DecodeSlots, n: i
         work: list[WorkItem] = []
         for b in range(batches):
             rows = mine_all[b::batches]
-            own_chunks = [c for c in chunks if c[0][0] % ranks == r] if b == 0 else []
+            own_chunks = [c for c in chunks if rank_of(c[0][0], ranks) == r] if b == 0 else []
             own_catch_up = None
             if catch_up is not None:
                 own_catch_up = (catch_up[0], round(catch_up[1] * len(rows) / n) if n else 0)

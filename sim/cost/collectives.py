@@ -132,15 +132,18 @@ def all_to_all_for(scenario: Scenario,
     return MeasuredAllToAll(profile), other
 
 
+def all_reduce_ranks(scenario: Scenario) -> int:
+    """The widest all-reduce a step runs: an attention rank's tensor-parallel group, or with attention
+    data parallel and the experts split (not placed whole) the MoE's gather over every GPU; 1: none."""
+    wide = scenario.data_parallel > 1 and not scenario.expert_parallel
+    return scenario.gpus if wide else scenario.tensor_parallel
+
+
 def collectives_for(scenario: Scenario,
                     folder: Path = PUBLISHED) -> tuple[InterconnectGuess | MeasuredCollectives, str | None]:
     """The scenario's all-reduce pricer and, where it is the guess though the scenario runs tensor
     parallel, the warning that says why."""
-    hw, engine = scenario.hardware_spec, scenario.engine_spec
-    # The widest all-reduce the step runs: an attention rank's group, or with attention data
-    # parallel and experts split (not placed whole) the MoE's gather over every GPU.
-    wide = scenario.data_parallel > 1 and not scenario.expert_parallel
-    ranks = scenario.gpus if wide else scenario.tensor_parallel
+    hw, engine, ranks = scenario.hardware_spec, scenario.engine_spec, all_reduce_ranks(scenario)
     guess = InterconnectGuess(hw.interconnect_gb_s * 1e9, domain=hw.nvlink_domain, network_bytes_s=hw.network_gb_s * 1e9)
     if ranks == 1:
         return guess, None

@@ -24,6 +24,7 @@ import numpy as np
 
 from sim.cost.batch import Group
 from sim.cost.blackbox import BlackBoxDraftPricer, BlackBoxPricer
+from sim.cost.collectives import all_reduce_ranks
 from sim.cost.host import RooflineHost, host_for
 from sim.cost.roofline import RooflinePricer, RooflineRates
 from sim.cost.stack import Stack, quantized_weight_bytes
@@ -66,8 +67,7 @@ class CostModel:
     def origins(self) -> dict[str, str]:
         """Where each term priced so far comes from: per stack, and the engine's host work."""
         origins: dict = {**{p.stack.name: p.origin for p in self._pricers.values()}, "host": self.host.origin}
-        if self.collectives is not None and self.scenario.gpus > 1 and not (
-                self.scenario.tensor_parallel == 1 and self.scenario.expert_parallel):
+        if self.collectives is not None and all_reduce_ranks(self.scenario) > 1:
             origins["all_reduce"] = self.collectives.origin
         if self.all_to_all is not None and self.scenario.gpus > 1 and self.scenario.expert_parallel:
             origins["all_to_all"] = self.all_to_all.origin
@@ -214,7 +214,7 @@ def measured_cost_model(scenario: Scenario, tables: OperatorTables) -> CostModel
     all_reduce = None
     # The table times one GPU count: not where the step also gathers every rank's tokens over all
     # the GPUs (attention data parallel with the experts split).
-    if scenario.tensor_parallel > 1 and (scenario.data_parallel == 1 or scenario.expert_parallel):
+    if 1 < all_reduce_ranks(scenario) == scenario.tensor_parallel:
         grid = tables.all_reduce(scenario.tensor_parallel)
         if grid is not None:
             all_reduce = MeasuredAllReduce(grid, tables)

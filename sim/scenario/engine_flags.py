@@ -26,6 +26,8 @@ SGLANG = {"--tp": "tp", "--tp-size": "tp", "--tensor-parallel-size": "tp", "--dp
 SGLANG_SWITCHES = {"--enable-dp-attention": "dp_attention", "--enable-two-batch-overlap": "overlap"}
 VLLM = {"--tensor-parallel-size": "tp", "-tp": "tp", "--data-parallel-size": "dp", "-dp": "dp",
         "--num-redundant-experts": "redundant"}
+# vLLM's KV transfer between disaggregated pools (its NIXL connector, both roles).
+KV_CONNECTOR = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'
 VLLM_SWITCHES = {"--enable-expert-parallel": "ep", "-ep": "ep", "--enable-dbo": "overlap"}
 
 
@@ -113,7 +115,7 @@ def launch_flags(scenario) -> dict[str, str]:
     if d is None:
         return out
     out = {"sglang": f"decode: --disaggregation-mode decode {out['sglang']}",
-           "vllm": f"decode: {out['vllm']} --kv-transfer-config '{{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}}'"}
+           "vllm": f"decode: {out['vllm']} --kv-transfer-config '{KV_CONNECTOR}'"}
     if d.prefill != "unlimited":
         p = d.prefill
         out["sglang"] += (f"; prefill ({servers(p.instances)}): --disaggregation-mode prefill "
@@ -122,7 +124,7 @@ def launch_flags(scenario) -> dict[str, str]:
         out["vllm"] += (f"; prefill ({servers(p.instances)}): "
                         f"{vllm_layout(p.tensor_parallel, p.data_parallel, p.expert_parallel, 0, False)} "
                         f"--max-num-batched-tokens {p.prefill_chunk} --kv-transfer-config "
-                        f"'{{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}}'")
+                        f"'{KV_CONNECTOR}'")
     return out
 
 

@@ -59,6 +59,7 @@ class Deployment:
     case: DeploymentCase
     source: Source
     file: str
+    scenario: Any               # the case's scenario, validated (sim/scenario/schema.py Scenario)
 
 
 def load_deployments(root: Path) -> list[Deployment]:
@@ -87,10 +88,10 @@ def load_deployments(root: Path) -> list[Deployment]:
                 raise InputError(f"{name}: case {case.id}", "id is used by another case")
             seen.add(case.id)
             try:
-                load_scenario(case.scenario)
+                scenario = load_scenario(case.scenario)
             except InputError as exc:
                 raise InputError(f"{name}: case {case.id}: scenario", str(exc)) from None
-            found.append(Deployment(case, parsed.source, name))
+            found.append(Deployment(case, parsed.source, name, scenario))
     return found
 
 
@@ -115,7 +116,7 @@ def predict_deployments(deployments: list[Deployment], progress: bool = False) -
     for d in tqdm(deployments, desc="deployments", unit="case", disable=not progress):
         started = time.perf_counter()
         c = d.case
-        result = simulate(c.scenario, baseline_only=not load_spec_enabled(c.scenario))
+        result = simulate(d.scenario, baseline_only=not d.scenario.speculation.enabled)
         predicted = predicted_value(result, c.metric)
         s = result.scenario
         rows.append({"case": c.id, "source": d.source.id, "half": "held", "hardware": s.hardware_spec.name,
@@ -125,10 +126,6 @@ def predict_deployments(deployments: list[Deployment], progress: bool = False) -
                      "tokens_per_step": result.run.tokens_per_step, "cost": result.provenance["cost_model"],
                      "seconds": time.perf_counter() - started})
     return pd.DataFrame(rows)
-
-
-def load_spec_enabled(scenario: dict) -> bool:
-    return (scenario.get("speculation") or {}).get("method", "none") != "none"
 
 
 def deployments_markdown(frame: pd.DataFrame, command: str) -> str:

@@ -35,10 +35,10 @@ def rank_of(rids, ranks: int):
 def plan_ranked_step(plan_one: Callable, config, shape, slots: DecodeSlots, n: int, chunks=(),
                      predrawn: np.ndarray | None = None, catch_up: tuple[int, int] | None = None):
     """One lockstep step of config.data_parallel ranks (the module docstring); plan_one: the
-    single-rank planner (sim/step.py), called over all rows for what the step commits and its
-    expert tokens, and over each rank's rows for what each rank runs."""
-    ranks = config.data_parallel
-    whole = plan_one(config, shape, slots, n, chunks, predrawn, catch_up)
+    planner (sim/step.py plan_step), given a rank's config (config.rank), over all rows for what
+    the step commits and its expert tokens, and over each rank's rows for what each rank runs."""
+    ranks, one = config.data_parallel, config.rank
+    whole = plan_one(one, shape, slots, n, chunks, predrawn, catch_up)
     owner = rank_of(slots.rid[:n], ranks)
     # Two-batch overlap: each rank's rows run as two micro-batches (alternate rows, its prompt
     # chunks with the first), each its own forwards over the weights; the host schedules once.
@@ -54,7 +54,7 @@ def plan_ranked_step(plan_one: Callable, config, shape, slots: DecodeSlots, n: i
             own_catch_up = None
             if catch_up is not None:
                 own_catch_up = (catch_up[0], round(catch_up[1] * len(rows) / n) if n else 0)
-            planned = plan_one(config, shape, slots.subset(rows), len(rows), own_chunks,
+            planned = plan_one(one, shape, slots.subset(rows), len(rows), own_chunks,
                                predrawn[rows] if predrawn is not None else None, own_catch_up)
             work += list(planned) if b == 0 else [item for item in planned if not isinstance(item, StepHost)]
         per_rank.append(work)

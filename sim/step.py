@@ -20,7 +20,7 @@ floating-point sum is the same as the step's terms added up one after another.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Protocol, cast
 
 import numpy as np
@@ -85,6 +85,7 @@ class StepConfig:
     full: StepShape | None = None
     data_parallel: int = 1              # attention data-parallel ranks stepping together (sim/ranks.py)
     two_batch_overlap: bool = False     # their all-to-all behind the other micro-batch's compute
+    rank: "StepConfig | None" = None    # with ranks: what each one plans (data_parallel 1)
 
     def shape(self, k: int) -> StepShape:
         return self.shapes[k]
@@ -109,7 +110,7 @@ def step_config(scenario: Scenario, stacks: Stacks, memory: MemoryPlan, cost, sp
     speculative = spec.enabled and speculative
     verify_tokens = spec.verify_tokens if speculative else 1
     k = spec.num_speculative_tokens if spec.tree is None else spec.draft_depth
-    return StepConfig(
+    config = StepConfig(
         stacks=stacks, target=cost.pricer(stacks.target),
         draft=cost.pricer(stacks.draft) if stacks.draft is not None and speculative else None,
         method=spec.method, speculative=speculative, verify_tokens=verify_tokens,
@@ -125,6 +126,7 @@ def step_config(scenario: Scenario, stacks: Stacks, memory: MemoryPlan, cost, sp
         shapes=step_shapes(scenario, k if speculative else 0, verify_tokens),
         full=StepShape(k, True, verify_tokens, spec.draft_depth) if speculative else StepShape(0, False, 1, 0),
         data_parallel=scenario.data_parallel, two_batch_overlap=scenario.engine_spec.two_batch_overlap)
+    return replace(config, rank=replace(config, data_parallel=1)) if config.data_parallel > 1 else config
 
 
 class StepPlan(list[WorkItem]):
@@ -181,15 +183,9 @@ def plan_step(config: StepConfig, shape: StepShape, slots: DecodeSlots, n: int, 
     `chunks` ([(prefilling entry [rid, done, total], tokens)]). predrawn: the oracle's [n] tokens
     each row verifies; catch_up: (tokens per request, in all) a drafter with its own KV catches up
     on instead of the last step's (goodput's steady state at k). Attention data-parallel ranks: each
-    rank's own step, in lockstep (sim/ranks.py)."""
-    if config.data_parallel > 1:
-        return plan_ranked_step(plan_rank_step, config, shape, slots, n, chunks, predrawn, catch_up)
-    return plan_rank_step(config, shape, slots, n, chunks, predrawn, catch_up)
-
-
-def plan_rank_step(config: StepConfig, shape: StepShape, slots: DecodeSlots, n: int, chunks=(), predrawn=None,
-                   catch_up=None) -> StepPlan:
-    """plan_step on one rank (the whole engine without attention data parallel)."""
+    rank's own step (planned here with config.rank), in lockstep (sim/ranks.py)."""
+    if config.rank is not None:
+        return plan_ranked_step(plan_step, config, shape, slots, n, chunks, predrawn, catch_up)
     stacks = config.stacks
     lengths = None
     if n and (predrawn is not None or config.proposal_lengths is not None):
